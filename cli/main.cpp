@@ -1,0 +1,119 @@
+// spillway: the command-line front end.
+//   spillway run [options] -- CMD [ARGS...]   run CMD with libspillway.so preloaded
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "spillway/config.h"
+#include "spillway/policy.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// libspillway.so next to this program: <prefix>/bin/spillway -> <prefix>/<libdir>/libspillway.so
+// (SPILLWAY_LIB_RELATIVE is set by CMake), or build/bin -> build/lib.
+std::string find_shim() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  fs::path bindir = exe.parent_path();
+  for (const fs::path& candidate : {bindir / SPILLWAY_LIB_RELATIVE / "libspillway.so", bindir / ".." / "lib" / "libspillway.so"}) {
+    if (fs::exists(candidate, ec)) return fs::weakly_canonical(candidate, ec).string();
+  }
+  return {};
+}
+
+[[noreturn]] void fail(int status, const std::string& message) {
+  std::cerr << "spillway: " << message << '\n';
+  std::exit(status);
+}
+
+std::string options_help() {
+  std::string out = "\nSettings (each option sets the variable; the variables work without this command too):\n";
+  for (const auto& o : spillway::option_table()) {
+    out += fmt::format("  {:<24} default {}\n      {}\n      accepts {}\n", o.variable,
+                       o.default_text.empty() ? "(none)" : o.default_text, o.meaning, o.accepted);
+  }
+  return out;
+}
+
+int run(const std::vector<std::pair<std::string, std::string>>& settings, const std::vector<std::string>& command) {
+  spillway::Config config;
+  for (const auto& [variable, value] : settings) {
+    std::string err = spillway::set_option(config, variable, value, spillway::policy_names());
+    if (!err.empty()) fail(2, err);
+  }
+  if (command.empty()) fail(2, "no command given: spillway run [options] -- CMD [ARGS...]");
+  std::string shim = find_shim();
+  if (shim.empty()) fail(2, "cannot find libspillway.so next to this program (looked in ../lib)");
+
+  for (const auto& [variable, value] : settings) setenv(variable.c_str(), value.c_str(), 1);
+  const char* previous = std::getenv("LD_PRELOAD");
+  std::string preload = shim;
+  if (previous != nullptr && *previous != '\0') preload += ":" + std::string(previous);
+  setenv("LD_PRELOAD", preload.c_str(), 1);
+
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  int err = errno;
+  fail(err == ENOENT ? 127 : 126, fmt::format("cannot run '{}': {}", command[0], std::strerror(err)));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Spillway: run an unmodified CUDA program with its device memory made managed, so it can "
+               "overflow into host RAM instead of failing with out-of-memory."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "spillway " SPILLWAY_VERSION);
+
+  CLI::App* run_cmd = app.add_subcommand("run", "Run CMD with libspillway.so preloaded (LD_PRELOAD) and the given settings.");
+  std::string budget, max_managed, policy, report, log_level, exclude;
+  bool disable = false;
+  run_cmd->add_option("--budget", budget, "GPU bytes to plan for (SPILLWAY_BUDGET), e.g. 4GiB or 60%");
+  run_cmd->add_option("--max-managed", max_managed, "cap on total managed bytes (SPILLWAY_MAX_MANAGED), e.g. 24GiB or 80%");
+  run_cmd->add_option("--policy", policy, fmt::format("policy (SPILLWAY_POLICY): {}", fmt::join(spillway::policy_names(), ", ")));
+  run_cmd->add_option("--report", report, "write statistics as JSON to FILE at exit (SPILLWAY_REPORT)");
+  run_cmd->add_option("--log", log_level, "error, warn, info or debug (SPILLWAY_LOG); info prints the report at exit");
+  run_cmd->add_option("--exclude", exclude, "libraries whose allocations stay device memory (SPILLWAY_EXCLUDE), e.g. libnccl,libfoo");
+  run_cmd->add_flag("--disable", disable, "load the shim but pass every call through (SPILLWAY_DISABLE=1)");
+  std::vector<std::string> command;
+  run_cmd->add_option("command", command, "the program and its arguments, after --")->required();
+  run_cmd->footer(options_help() +
+                  "\nSizes: 123, 4KiB, 512MiB, 8GiB, 1.5TB (KiB/MiB/GiB = 1024-based, KB/MB/GB = 1000-based).\n"
+                  "The exit status is CMD's; 2 means a bad option, 126/127 that CMD could not be run.");
+  run_cmd->prefix_command(false);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  if (run_cmd->parsed()) {
+    std::vector<std::pair<std::string, std::string>> settings;
+    auto add = [&settings](const char* variable, const std::string& value) {
+      if (!value.empty()) settings.emplace_back(variable, value);
+    };
+    add("SPILLWAY_BUDGET", budget);
+    add("SPILLWAY_MAX_MANAGED", max_managed);
+    add("SPILLWAY_POLICY", policy);
+    add("SPILLWAY_REPORT", report.empty() ? std::string() : fs::absolute(report).string());
+    add("SPILLWAY_LOG", log_level);
+    add("SPILLWAY_EXCLUDE", exclude);
+    if (disable) settings.emplace_back("SPILLWAY_DISABLE", "1");
+    return run(settings, command);
+  }
+  return 0;
+}

@@ -1,0 +1,202 @@
+#include "cuda_backend.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+namespace spillway::interpose {
+namespace {
+
+Result from_cuda(CUresult r) {
+  switch (r) {
+    case CUDA_SUCCESS: return Result{Status::ok, 0};
+    case CUDA_ERROR_OUT_OF_MEMORY: return Result{Status::out_of_memory, r};
+    case CUDA_ERROR_INVALID_VALUE: return Result{Status::invalid_value, r};
+    case CUDA_ERROR_NOT_SUPPORTED: return Result{Status::not_supported, r};
+    case CUDA_ERROR_NOT_READY: return Result{Status::not_ready, r};
+    default: return Result{Status::error, r};
+  }
+}
+
+Result missing() { return Result{Status::not_supported, CUDA_ERROR_NOT_INITIALIZED}; }
+
+CUmemLocation location_of(Location where, int device) {
+  CUmemLocation loc{};
+  if (where == Location::gpu) {
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = device;
+  } else {
+    loc.type = CU_MEM_LOCATION_TYPE_HOST;
+    loc.id = 0;
+  }
+  return loc;
+}
+
+// Host RAM, bounded by the cgroup's memory limit when one is set.
+std::uint64_t read_host_memory() {
+  long pages = sysconf(_SC_PHYS_PAGES);
+  long page = sysconf(_SC_PAGE_SIZE);
+  std::uint64_t bytes = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+  std::ifstream in("/sys/fs/cgroup/memory.max");
+  std::string text;
+  if (in >> text && text != "max") {
+    try {
+      std::uint64_t limit = std::stoull(text);
+      if (limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
+    } catch (...) {
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+CUresult to_cuda(const Result& r) {
+  if (r.native != 0) return static_cast<CUresult>(r.native);
+  switch (r.status) {
+    case Status::ok: return CUDA_SUCCESS;
+    case Status::out_of_memory: return CUDA_ERROR_OUT_OF_MEMORY;
+    case Status::invalid_value: return CUDA_ERROR_INVALID_VALUE;
+    case Status::not_supported: return CUDA_ERROR_NOT_SUPPORTED;
+    case Status::not_ready: return CUDA_ERROR_NOT_READY;
+    case Status::error: return CUDA_ERROR_UNKNOWN;
+  }
+  return CUDA_ERROR_UNKNOWN;
+}
+
+RelaxedCaptureMode::RelaxedCaptureMode() {
+  auto fn = real().cuThreadExchangeStreamCaptureMode;
+  if (fn != nullptr && fn(&previous_) == CUDA_SUCCESS) swapped_ = true;
+}
+
+RelaxedCaptureMode::~RelaxedCaptureMode() {
+  if (swapped_) real().cuThreadExchangeStreamCaptureMode(&previous_);
+}
+
+bool CudaBackend::has_current_context() {
+  CUdevice dev = 0;
+  ShimCallScope scope;
+  return real().cuCtxGetDevice != nullptr && real().cuCtxGetDevice(&dev) == CUDA_SUCCESS;
+}
+
+Result CudaBackend::memory_info(std::uint64_t* free_bytes, std::uint64_t* total_bytes) {
+  ShimCallScope scope;
+  if (real().cuMemGetInfo_v2 == nullptr) return missing();
+  size_t f = 0, t = 0;
+  CUresult r = real().cuMemGetInfo_v2(&f, &t);
+  *free_bytes = f;
+  *total_bytes = t;
+  return from_cuda(r);
+}
+
+std::uint64_t CudaBackend::host_memory_bytes() {
+  static const std::uint64_t bytes = read_host_memory();
+  return bytes;
+}
+
+int CudaBackend::current_device() {
+  ShimCallScope scope;
+  CUdevice dev = 0;
+  if (real().cuCtxGetDevice == nullptr || real().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return 0;
+  return dev;
+}
+
+bool CudaBackend::concurrent_managed_access() {
+  ShimCallScope scope;
+  if (real().cuDeviceGetAttribute == nullptr) return false;
+  int value = 0;
+  CUresult r = real().cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, current_device());
+  return r == CUDA_SUCCESS && value != 0;
+}
+
+Result CudaBackend::allocate_managed(std::uint64_t bytes, std::uint64_t* addr) {
+  ShimCallScope scope;
+  CUdeviceptr p = 0;
+  CUresult r = real().cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+  *addr = p;
+  return from_cuda(r);
+}
+
+Result CudaBackend::free_managed(std::uint64_t addr) {
+  ShimCallScope scope;
+  return from_cuda(real().cuMemFree_v2(static_cast<CUdeviceptr>(addr)));
+}
+
+CUstream CudaBackend::prefetch_stream() {
+  CUstream s = prefetch_stream_.load(std::memory_order_acquire);
+  if (s != nullptr || real().cuStreamCreate == nullptr) return s;
+  CUstream created = nullptr;
+  if (real().cuStreamCreate(&created, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
+  CUstream expected = nullptr;
+  if (!prefetch_stream_.compare_exchange_strong(expected, created)) return expected;  // another thread won; leak one stream
+  return created;
+}
+
+Result CudaBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) {
+  ShimCallScope scope;
+  if (real().cuMemPrefetchAsync_v2 == nullptr) return missing();
+  RelaxedCaptureMode relaxed;
+  CUstream stream = prefetch_stream();
+  if (stream == nullptr) return missing();
+  return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
+}
+
+Result CudaBackend::advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) {
+  ShimCallScope scope;
+  if (real().cuMemAdvise_v2 == nullptr) return missing();
+  CUmem_advise a = CU_MEM_ADVISE_SET_PREFERRED_LOCATION;
+  switch (advice) {
+    case Advice::preferred_location: a = CU_MEM_ADVISE_SET_PREFERRED_LOCATION; break;
+    case Advice::unset_preferred_location: a = CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION; break;
+    case Advice::accessed_by: a = CU_MEM_ADVISE_SET_ACCESSED_BY; break;
+    case Advice::unset_accessed_by: a = CU_MEM_ADVISE_UNSET_ACCESSED_BY; break;
+    case Advice::read_mostly: a = CU_MEM_ADVISE_SET_READ_MOSTLY; break;
+    case Advice::unset_read_mostly: a = CU_MEM_ADVISE_UNSET_READ_MOSTLY; break;
+  }
+  return from_cuda(real().cuMemAdvise_v2(addr, bytes, a, location_of(where, device)));
+}
+
+bool CudaBackend::is_capturing(StreamHandle stream) {
+  ShimCallScope scope;
+  if (real().cuStreamIsCapturing == nullptr) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = real().cuStreamIsCapturing(reinterpret_cast<CUstream>(stream), &status);
+  // An invalidated capture still forbids new work on the stream until it ends.
+  return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+Result CudaBackend::record_event(StreamHandle stream, EventHandle* event) {
+  ShimCallScope scope;
+  if (real().cuEventCreate == nullptr || real().cuEventRecord == nullptr) return missing();
+  RelaxedCaptureMode relaxed;
+  CUevent e = nullptr;
+  CUresult r = real().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) return from_cuda(r);
+  r = real().cuEventRecord(e, reinterpret_cast<CUstream>(stream));
+  if (r != CUDA_SUCCESS) {
+    real().cuEventDestroy_v2(e);
+    return from_cuda(r);
+  }
+  *event = reinterpret_cast<EventHandle>(e);
+  return Result{};
+}
+
+Result CudaBackend::event_done(EventHandle event) {
+  ShimCallScope scope;
+  RelaxedCaptureMode relaxed;
+  return from_cuda(real().cuEventQuery(reinterpret_cast<CUevent>(event)));
+}
+
+Result CudaBackend::wait_event(EventHandle event) {
+  ShimCallScope scope;
+  RelaxedCaptureMode relaxed;
+  return from_cuda(real().cuEventSynchronize(reinterpret_cast<CUevent>(event)));
+}
+
+void CudaBackend::destroy_event(EventHandle event) {
+  ShimCallScope scope;
+  if (real().cuEventDestroy_v2 != nullptr) real().cuEventDestroy_v2(reinterpret_cast<CUevent>(event));
+}
+
+}  // namespace spillway::interpose

@@ -1,0 +1,217 @@
+// Hook bodies for the driver API rows of hooks.def. Each runs only while hooks are active
+// (shim.cpp's exported wrapper checks that and catches exceptions).
+#include <atomic>
+
+#include "cuda_backend.h"
+#include "shim.h"
+#include "spillway/log.h"
+
+namespace spillway::hook {
+
+using interpose::engine;
+using interpose::engine_for_allocation;
+using interpose::real;
+
+namespace {
+
+// The driver's pitch alignment for cuMemAllocPitch: rows start on 512-byte boundaries on
+// every GPU since Kepler (observed cudaMallocPitch pitches; the CUDA Programming Guide
+// only promises "appropriately padded"). The driver limits the element size to 4, 8 or 16.
+constexpr std::uint64_t kPitchAlignment = 512;
+
+// Redirects one device allocation to managed memory, or returns nullopt to pass it through.
+std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes, AllocKind kind,
+                                         StreamHandle stream) {
+  interpose::note_driver_alloc_hook_ran();
+  if (dptr == nullptr || bytes == 0) return std::nullopt;  // the driver reports its own error
+  Engine* e = engine_for_allocation();
+  if (e == nullptr) return std::nullopt;
+  if (auto rk = interpose::runtime_alloc_kind()) {
+    kind = *rk;
+  }
+  if (interpose::allocation_excluded()) {
+    e->note_passed_through(true);
+    return std::nullopt;
+  }
+  std::uint64_t addr = 0;
+  Result r;
+  if (stream != 0 || kind == AllocKind::async || kind == AllocKind::pool_async || kind == AllocKind::runtime_async) {
+    interpose::RelaxedCaptureMode relaxed;  // stream-ordered calls are legal during capture; ours must stay so
+    r = e->allocate(bytes, kind, stream, &addr);
+  } else {
+    r = e->allocate(bytes, kind, stream, &addr);
+  }
+  if (r.status == Status::not_supported) return std::nullopt;
+  if (!r.ok()) return interpose::to_cuda(r);
+  *dptr = static_cast<CUdeviceptr>(addr);
+  return CUDA_SUCCESS;
+}
+
+CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream,
+                     CUresult (*real_fn)(CUdeviceptr*, size_t, CUstream)) {
+  if (auto r = allocate_managed(dptr, bytes, AllocKind::async, reinterpret_cast<StreamHandle>(stream))) return *r;
+  if (Engine* e = engine()) e->note_passed_through(false);
+  return real_fn(dptr, bytes, stream);
+}
+
+bool is_default_pool(CUmemoryPool pool) {
+  CUdevice dev = 0;
+  CUmemoryPool def = nullptr;
+  interpose::ShimCallScope scope;
+  if (real().cuCtxGetDevice == nullptr || real().cuDeviceGetDefaultMemPool == nullptr) return false;
+  if (real().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return false;
+  return real().cuDeviceGetDefaultMemPool(&def, dev) == CUDA_SUCCESS && def == pool;
+}
+
+CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
+                         CUresult (*real_fn)(CUdeviceptr*, size_t, CUmemoryPool, CUstream)) {
+  // Only the device's default pool is turned into managed memory: a pool the program made
+  // itself carries properties (IPC export, location, release threshold) we cannot honour.
+  if (pool != nullptr && is_default_pool(pool)) {
+    if (auto r = allocate_managed(dptr, bytes, AllocKind::pool_async, reinterpret_cast<StreamHandle>(stream))) return *r;
+  }
+  if (Engine* e = engine()) e->note_passed_through(false);
+  return real_fn(dptr, bytes, pool, stream);
+}
+
+CUresult free_async(CUdeviceptr dptr, CUstream stream, CUresult (*real_fn)(CUdeviceptr, CUstream)) {
+  if (Engine* e = engine(); e != nullptr && dptr != 0) {
+    bool ours = false;
+    Result r = e->release(dptr, reinterpret_cast<StreamHandle>(stream), &ours);
+    if (ours) return interpose::to_cuda(r);
+  }
+  return real_fn(dptr, stream);
+}
+
+void substitute_out(CUresult r, void** pfn) {
+  if (r == CUDA_SUCCESS && pfn != nullptr) *pfn = interpose::substitute(*pfn);
+}
+
+}  // namespace
+
+CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
+  interpose::ensure_driver();
+  if (real().cuGetProcAddress == nullptr) return CUDA_ERROR_NOT_FOUND;
+  CUresult r = real().cuGetProcAddress(symbol, pfn, cudaVersion, flags);
+  substitute_out(r, pfn);
+  return r;
+}
+
+CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult* symbolStatus) {
+  interpose::ensure_driver();
+  if (real().cuGetProcAddress_v2 == nullptr) return CUDA_ERROR_NOT_FOUND;
+  CUresult r = real().cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
+  substitute_out(r, pfn);
+  return r;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  interpose::ensure_driver();
+  if (auto r = allocate_managed(dptr, bytesize, AllocKind::alloc, 0)) return *r;
+  if (Engine* e = engine(); e != nullptr && dptr != nullptr && bytesize != 0) e->note_passed_through(false);
+  return real().cuMemAlloc_v2(dptr, bytesize);
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes) {
+  interpose::ensure_driver();
+  bool valid = dptr != nullptr && pPitch != nullptr && WidthInBytes != 0 && Height != 0 &&
+               (ElementSizeBytes == 4 || ElementSizeBytes == 8 || ElementSizeBytes == 16);
+  if (valid) {
+    std::uint64_t pitch = (static_cast<std::uint64_t>(WidthInBytes) + kPitchAlignment - 1) / kPitchAlignment * kPitchAlignment;
+    std::uint64_t bytes = pitch * Height;
+    if (bytes / Height == pitch) {
+      if (auto r = allocate_managed(dptr, bytes, AllocKind::pitch, 0)) {
+        if (*r == CUDA_SUCCESS) *pPitch = pitch;
+        return *r;
+      }
+    }
+  }
+  return real().cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  interpose::ensure_driver();
+  return alloc_async(dptr, bytesize, hStream, real().cuMemAllocAsync);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  interpose::ensure_driver();
+  return alloc_async(dptr, bytesize, hStream, real().cuMemAllocAsync_ptsz);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+  interpose::ensure_driver();
+  return alloc_from_pool(dptr, bytesize, pool, hStream, real().cuMemAllocFromPoolAsync);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
+  interpose::ensure_driver();
+  return alloc_from_pool(dptr, bytesize, pool, hStream, real().cuMemAllocFromPoolAsync_ptsz);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  interpose::ensure_driver();
+  if (Engine* e = engine(); e != nullptr && dptr != 0) {
+    bool ours = false;
+    Result r = e->release(dptr, std::nullopt, &ours);
+    if (ours) return interpose::to_cuda(r);
+  }
+  return real().cuMemFree_v2(dptr);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  interpose::ensure_driver();
+  return free_async(dptr, hStream, real().cuMemFreeAsync);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  interpose::ensure_driver();
+  return free_async(dptr, hStream, real().cuMemFreeAsync_ptsz);
+}
+
+CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  interpose::ensure_driver();
+  Engine* e = engine();
+  if (e == nullptr || e->config().report_memory == ReportMemory::physical || !e->usable()) {
+    return real().cuMemGetInfo_v2(free, total);
+  }
+  // virtual: what the program may still allocate under the managed cap.
+  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::uint64_t cap = e->max_managed_bytes();
+  std::uint64_t used = e->managed_bytes();
+  *total = cap;
+  *free = used < cap ? cap - used : 0;
+  return CUDA_SUCCESS;
+}
+
+// Managed memory is reported truthfully (IS_MANAGED = 1): frameworks that ask get the
+// real answer, so these two only pass through; they are hooked so that one place owns
+// every answer about pointers Spillway made.
+CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  interpose::ensure_driver();
+  return real().cuPointerGetAttribute(data, attribute, ptr);
+}
+
+CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
+                                CUdeviceptr ptr) {
+  interpose::ensure_driver();
+  return real().cuPointerGetAttributes(numAttributes, attributes, data, ptr);
+}
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
+  interpose::ensure_driver();
+  CUresult r = real().cuIpcGetMemHandle(pHandle, dptr);
+  Engine* e = engine();
+  if (r != CUDA_SUCCESS && e != nullptr && e->find(dptr)) {
+    SPILLWAY_LOG_ONCE(LogLevel::warn,
+                      "cuIpcGetMemHandle failed ({}) on {:#x}: CUDA cannot share managed memory between processes; "
+                      "add the library that allocates it to SPILLWAY_EXCLUDE (e.g. SPILLWAY_EXCLUDE=libnccl,libyourlib) "
+                      "to keep its allocations as device memory",
+                      static_cast<int>(r), static_cast<unsigned long long>(dptr));
+  }
+  return r;
+}
+
+}  // namespace spillway::hook

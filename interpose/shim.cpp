@@ -1,0 +1,384 @@
+// libspillway.so: state, the one ordered initialisation, REAL resolution, the exported hook
+// symbols generated from hooks.def, the dlsym hook and the exit report.
+//
+// How symbols reach the shim (DESIGN §2): a program linked against libcuda binds to the
+// exported symbols below because LD_PRELOAD puts this library first. The CUDA runtime
+// (static or shared) instead dlopen()s libcuda.so.1, asks dlsym for cuGetProcAddress_v2 and
+// resolves every entry point through it: the dlsym hook hands back our cuGetProcAddress,
+// which asks the real one and substitutes the hook for exactly the symbol it returned.
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <string_view>
+#include <vector>
+
+#include "cuda_backend.h"
+#include "spillway/report.h"
+
+#define SPILLWAY_EXPORT __attribute__((visibility("default")))
+
+// Every exported hook, declared up front (cuda.h declares only some of the versioned names).
+#define SPILLWAY_DRIVER_HOOK(symbol, base, since, variant, ret, params, args) extern "C" ret symbol params;
+#define SPILLWAY_RUNTIME_HOOK(symbol, ret, params, args) extern "C" ret symbol params;
+#include "hooks.def"
+
+namespace spillway::hook {
+// Hook bodies, in hooks_driver.cpp and hooks_runtime.cpp.
+#define SPILLWAY_DRIVER_HOOK(symbol, base, since, variant, ret, params, args) ret symbol params;
+#define SPILLWAY_RUNTIME_HOOK(symbol, ret, params, args) ret symbol params;
+#include "hooks.def"
+}  // namespace spillway::hook
+
+namespace spillway::interpose {
+namespace {
+
+using DlsymFn = void* (*)(void*, const char*);
+
+// dlsym itself: the versioned glibc symbol, found with dlvsym so that it is never our own.
+DlsymFn real_dlsym() {
+  static DlsymFn fn = [] {
+    for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5"}) {
+      if (void* p = dlvsym(RTLD_NEXT, "dlsym", version)) return reinterpret_cast<DlsymFn>(p);
+    }
+    return static_cast<DlsymFn>(nullptr);
+  }();
+  return fn;
+}
+
+enum class Library { driver, runtime };
+
+struct Entry {
+  const char* symbol;
+  const char* base;      // driver: cuGetProcAddress name; runtime: same as symbol
+  int since;             // driver: first cudaVersion
+  bool ptsz;
+  Library library;
+  void* hook;            // the exported hook; nullptr for DRIVER_USE rows
+  void** real_slot;      // where REAL is stored in Real
+};
+
+Real g_real;
+
+std::vector<Entry> make_entries() {
+  std::vector<Entry> e;
+  constexpr bool plain = false, ptsz = true;
+  (void)plain, (void)ptsz;
+#define SPILLWAY_DRIVER_HOOK(symbol, base, since, variant, ret, params, args)                      \
+  e.push_back(Entry{#symbol, #base, since, variant, Library::driver, reinterpret_cast<void*>(&::symbol), \
+                    reinterpret_cast<void**>(&g_real.symbol)});
+#define SPILLWAY_RUNTIME_HOOK(symbol, ret, params, args)                                             \
+  e.push_back(Entry{#symbol, #symbol, 0, false, Library::runtime, reinterpret_cast<void*>(&::symbol),   \
+                    reinterpret_cast<void**>(&g_real.symbol)});
+#define SPILLWAY_DRIVER_USE(symbol, ret, params) \
+  e.push_back(Entry{#symbol, #symbol, 0, false, Library::driver, nullptr, reinterpret_cast<void**>(&g_real.symbol)});
+#include "hooks.def"
+  std::sort(e.begin(), e.end(), [](const Entry& a, const Entry& b) { return std::strcmp(a.symbol, b.symbol) < 0; });
+  return e;
+}
+
+const std::vector<Entry>& entries() {
+  static const std::vector<Entry> table = make_entries();
+  return table;
+}
+
+const Entry* find_entry(const char* name) {
+  const auto& t = entries();
+  auto it = std::lower_bound(t.begin(), t.end(), name,
+                             [](const Entry& e, const char* n) { return std::strcmp(e.symbol, n) < 0; });
+  if (it == t.end() || std::strcmp(it->symbol, name) != 0) return nullptr;
+  return &*it;
+}
+
+// real function pointer -> hook, for every way a real pointer can reach the program.
+std::shared_mutex g_subst_mutex;
+std::vector<std::pair<void*, void*>> g_subst;  // sorted by first
+
+void add_substitution(void* real_fn, void* hook) {
+  if (real_fn == nullptr || hook == nullptr || real_fn == hook) return;
+  std::unique_lock lock(g_subst_mutex);
+  auto it = std::lower_bound(g_subst.begin(), g_subst.end(), std::make_pair(real_fn, static_cast<void*>(nullptr)));
+  if (it != g_subst.end() && it->first == real_fn) return;
+  g_subst.insert(it, {real_fn, hook});
+}
+
+thread_local int t_shim_depth = 0;
+thread_local int t_dlsym_depth = 0;
+thread_local std::optional<AllocKind> t_runtime_kind;
+thread_local bool t_driver_hook_ran = false;
+
+// Process-wide state. Allocated once and never destroyed: hooks may run on other threads
+// while static destructors run at exit.
+struct State {
+  Config config;
+  bool active = false;  // config valid and not disabled
+  CudaBackend backend;
+  Engine* engine = nullptr;
+  std::atomic<bool> failed{false};
+};
+
+State* g_state = nullptr;
+std::once_flag g_state_once;
+
+State& state() {
+  std::call_once(g_state_once, [] {
+    auto* s = new State();
+    ConfigResult cr = read_config(policy_names());
+    for (const ConfigError& err : cr.errors) {
+      log(LogLevel::error, "{}; Spillway passes every call through", err.message);
+    }
+    s->config = cr.config;
+    set_log_level(s->config.log_level);
+    s->active = cr.errors.empty() && !s->config.disable;
+    if (s->active) {
+      std::unique_ptr<Policy> policy = make_policy(s->config.policy);
+      if (policy) s->engine = new Engine(s->config, s->backend, std::move(policy));
+      else s->active = false;
+    }
+    g_state = s;
+  });
+  return *g_state;
+}
+
+std::once_flag g_driver_once;
+std::atomic<bool> g_driver_ok{false};
+std::once_flag g_runtime_once;
+std::atomic<bool> g_runtime_ok{false};
+
+void* resolve_in(void* handle, const char* name, void* self) {
+  void* p = real_dlsym()(handle, name);
+  return p == self ? nullptr : p;  // never resolve to ourselves
+}
+
+}  // namespace
+
+Real& real() { return g_real; }
+
+bool ensure_driver() {
+  std::call_once(g_driver_once, [] {
+    ShimCallScope scope;
+    if (real_dlsym() == nullptr) return;
+    void* handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == nullptr) handle = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (handle == nullptr) return;
+    for (const Entry& e : entries()) {
+      if (e.library != Library::driver) continue;
+      void* p = resolve_in(handle, e.symbol, e.hook);
+      *e.real_slot = p;
+      add_substitution(p, e.hook);
+    }
+    // The driver may hand out other addresses through cuGetProcAddress than through dlsym
+    // (trampolines): ask it for each hooked symbol at exactly that symbol's version.
+    if (g_real.cuGetProcAddress_v2 != nullptr) {
+      for (const Entry& e : entries()) {
+        if (e.library != Library::driver || e.hook == nullptr || *e.real_slot == nullptr) continue;
+        void* p = nullptr;
+        CUdriverProcAddressQueryResult status{};
+        cuuint64_t flags = e.ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+        if (g_real.cuGetProcAddress_v2(e.base, &p, e.since, flags, &status) == CUDA_SUCCESS && p != e.hook) {
+          add_substitution(p, e.hook);
+        }
+      }
+    }
+    g_driver_ok.store(g_real.cuMemAllocManaged != nullptr && g_real.cuMemFree_v2 != nullptr);
+  });
+  return g_driver_ok.load(std::memory_order_acquire);
+}
+
+bool ensure_runtime() {
+  std::call_once(g_runtime_once, [] {
+    ShimCallScope scope;
+    if (real_dlsym() == nullptr) return;
+    void* handle = nullptr;
+    for (const Entry& e : entries()) {
+      if (e.library != Library::runtime) continue;
+      void* p = resolve_in(RTLD_NEXT, e.symbol, e.hook);
+      if (p == nullptr) {
+        if (handle == nullptr) handle = dlopen("libcudart.so.13", RTLD_LAZY | RTLD_NOLOAD);
+        if (handle != nullptr) p = resolve_in(handle, e.symbol, e.hook);
+      }
+      *e.real_slot = p;
+      add_substitution(p, e.hook);
+    }
+    g_runtime_ok.store(g_real.cudaMalloc != nullptr);
+  });
+  return g_runtime_ok.load(std::memory_order_acquire);
+}
+
+void* substitute(void* fn) {
+  if (fn == nullptr) return fn;
+  std::shared_lock lock(g_subst_mutex);
+  auto it = std::lower_bound(g_subst.begin(), g_subst.end(), std::make_pair(fn, static_cast<void*>(nullptr)));
+  if (it != g_subst.end() && it->first == fn) return it->second;
+  return fn;
+}
+
+void* hook_for_name(const char* name) {
+  const Entry* e = find_entry(name);
+  return e ? e->hook : nullptr;
+}
+
+bool hooks_active() {
+  State& s = state();
+  return s.active && !s.failed.load(std::memory_order_relaxed) && t_shim_depth == 0;
+}
+
+Engine* engine() {
+  State& s = state();
+  return hooks_active() ? s.engine : nullptr;
+}
+
+Engine* engine_for_allocation() {
+  Engine* e = engine();
+  if (e == nullptr || !ensure_driver()) return nullptr;
+  State& s = state();
+  if (!s.backend.has_current_context()) return nullptr;
+  return e->usable() ? e : nullptr;
+}
+
+void internal_failure(const char* where) noexcept {
+  try {
+    if (g_state != nullptr) g_state->failed.store(true);
+    SPILLWAY_LOG_ONCE(LogLevel::error, "internal error in {}; Spillway passes every call through from now on", where);
+  } catch (...) {
+  }
+}
+
+ShimCallScope::ShimCallScope() { ++t_shim_depth; }
+ShimCallScope::~ShimCallScope() { --t_shim_depth; }
+bool in_shim_call() { return t_shim_depth > 0; }
+
+RuntimeAllocScope::RuntimeAllocScope(AllocKind kind) {
+  t_runtime_kind = kind;
+  t_driver_hook_ran = false;
+}
+RuntimeAllocScope::~RuntimeAllocScope() { t_runtime_kind.reset(); }
+bool RuntimeAllocScope::driver_hook_ran() const { return t_driver_hook_ran; }
+std::optional<AllocKind> runtime_alloc_kind() { return t_runtime_kind; }
+void note_driver_alloc_hook_ran() { t_driver_hook_ran = true; }
+
+CudaBackend& backend_instance() { return state().backend; }
+
+namespace {
+
+template <typename Ret>
+Ret unavailable();
+template <>
+CUresult unavailable<CUresult>() { return CUDA_ERROR_NOT_INITIALIZED; }
+template <>
+cudaError_t unavailable<cudaError_t>() { return cudaErrorInitializationError; }
+
+// Writes the exit report. Runs from a destructor of the library, after main returns or
+// exit() is called; it never calls the driver, which may already be unloading.
+__attribute__((destructor)) void write_exit_report() {
+  if (g_state == nullptr || g_state->engine == nullptr) return;
+  try {
+    Stats s = g_state->engine->stats();
+    bool used = s.allocations_redirected + s.allocations_passed_through + s.allocations_refused > 0;
+    if (!used) return;
+    if (log_enabled(LogLevel::info)) log(LogLevel::info, "{}", stats_table(s));
+    if (!g_state->config.report_path.empty()) {
+      std::string err = write_report(g_state->config.report_path, s);
+      if (!err.empty()) log(LogLevel::error, "{}", err);
+    }
+  } catch (...) {
+  }
+}
+
+// Reads the settings at load time, so a bad value is reported once, up front.
+__attribute__((constructor)) void load_settings() {
+  try {
+    state();
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
+// The generated pass-through used when hooks are off or a hook failed.
+#define SPILLWAY_DRIVER_HOOK(symbol, base, since, variant, ret, params, args) \
+  static ret pass_##symbol params {                                           \
+    if (!ensure_driver() || g_real.symbol == nullptr) return unavailable<ret>(); \
+    return g_real.symbol args;                                                \
+  }
+#define SPILLWAY_RUNTIME_HOOK(symbol, ret, params, args)                      \
+  static ret pass_##symbol params {                                           \
+    if (!ensure_runtime() || g_real.symbol == nullptr) return unavailable<ret>(); \
+    return g_real.symbol args;                                                \
+  }
+#include "hooks.def"
+
+}  // namespace spillway::interpose
+
+// ---- exported symbols ----------------------------------------------------------------
+// Each exported hook: pass straight through when hooks are off, otherwise run the hook
+// body; no C++ exception crosses the C ABI.
+#define SPILLWAY_EXPORT_HOOK(symbol, ensure, ret, params, args)                  \
+  extern "C" SPILLWAY_EXPORT ret symbol params {                                 \
+    if (!::spillway::interpose::hooks_active() || !::spillway::interpose::ensure() || \
+        ::spillway::interpose::real().symbol == nullptr)                         \
+      return ::spillway::interpose::pass_##symbol args;                          \
+    try {                                                                        \
+      return ::spillway::hook::symbol args;                                      \
+    } catch (...) {                                                              \
+      ::spillway::interpose::internal_failure(#symbol);                          \
+    }                                                                            \
+    return ::spillway::interpose::pass_##symbol args;                           \
+  }
+#define SPILLWAY_DRIVER_HOOK(symbol, base, since, variant, ret, params, args) \
+  SPILLWAY_EXPORT_HOOK(symbol, ensure_driver, ret, params, args)
+#define SPILLWAY_RUNTIME_HOOK(symbol, ret, params, args) SPILLWAY_EXPORT_HOOK(symbol, ensure_runtime, ret, params, args)
+#include "hooks.def"
+
+namespace {
+
+// RTLD_NEXT means "after the caller's object": glibc takes the caller from the return
+// address, which inside this hook would be the shim. Walk the link map from the real
+// caller's object instead.
+void* dlsym_next(void* caller, const char* name) {
+  Dl_info info;
+  struct link_map* map = nullptr;
+  if (dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 || map == nullptr) return nullptr;
+  auto real = spillway::interpose::real_dlsym();
+  for (struct link_map* l = map->l_next; l != nullptr; l = l->l_next) {
+    void* p = real(l, name);
+    if (p == nullptr) continue;
+    Dl_info pi;
+    struct link_map* owner = nullptr;
+    if (dladdr1(p, &pi, reinterpret_cast<void**>(&owner), RTLD_DL_LINKMAP) != 0 && owner == l) return p;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+// dlsym: programs that dlopen libcuda.so.1 themselves (the CUDA runtime, Triton, Numba,
+// XLA) get the hooks for the symbols Spillway hooks, and everything else untouched.
+extern "C" SPILLWAY_EXPORT void* dlsym(void* handle, const char* name) {
+  using namespace spillway::interpose;
+  DlsymFn real = real_dlsym();
+  if (real == nullptr) return nullptr;
+  void* result = handle == RTLD_NEXT ? dlsym_next(__builtin_return_address(0), name) : real(handle, name);
+  if (result == nullptr || name[0] != 'c' || name[1] != 'u' || t_dlsym_depth > 0) return result;
+  ++t_dlsym_depth;
+  void* out = result;
+  try {
+    if (hooks_active() && find_entry(name) != nullptr && find_entry(name)->hook != nullptr) {
+      const Entry* e = find_entry(name);
+      if (e->library == Library::driver) ensure_driver();
+      else ensure_runtime();
+      out = substitute(result);
+    }
+  } catch (...) {
+    out = result;
+  }
+  --t_dlsym_depth;
+  return out;
+}

@@ -1,0 +1,75 @@
+// Internals of libspillway.so shared by the hook files. Not a public interface.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "spillway/engine.h"
+
+#undef cuGetProcAddress  // cuda.h maps it to _v2; the shim hooks both exact symbols
+extern "C" CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
+
+namespace spillway::interpose {
+
+// The real functions: one typed pointer per row of hooks.def.
+struct Real {
+#define SPILLWAY_DRIVER_HOOK(symbol, base, since, variant, ret, params, args) ret(*symbol) params = nullptr;
+#define SPILLWAY_RUNTIME_HOOK(symbol, ret, params, args) ret(*symbol) params = nullptr;
+#define SPILLWAY_DRIVER_USE(symbol, ret, params) ret(*symbol) params = nullptr;
+#include "hooks.def"
+};
+
+// REAL pointers. Driver rows are filled by ensure_driver(), runtime rows by
+// ensure_runtime(); a null pointer means "not available".
+Real& real();
+// Resolves the driver's real functions once (dlopen of libcuda.so.1, dlsym, then
+// cuGetProcAddress for the pointers the driver hands out). Thread-safe; false if libcuda
+// cannot be found.
+bool ensure_driver();
+// Resolves the shared runtime's real functions once, from the libcudart the program uses.
+bool ensure_runtime();
+
+// If `fn` is a real function the shim hooks (as returned by dlsym, cuGetProcAddress or
+// cudaGetDriverEntryPoint), its hook; else `fn` unchanged. Exact: only the very symbol the
+// driver returned is substituted, never another version of it.
+void* substitute(void* fn);
+// The hook for an exported symbol name, or nullptr (dlsym uses this).
+void* hook_for_name(const char* name);
+
+// The Engine, or nullptr when Spillway passes everything through (SPILLWAY_DISABLE=1, a
+// bad setting, an internal failure, or a device without concurrent managed access).
+Engine* engine();
+// The Engine if allocations may be redirected now: nullptr also while no context is
+// current (the driver then answers the call itself).
+Engine* engine_for_allocation();
+bool hooks_active();
+// Logs once and turns the shim into a pass-through for the rest of the process.
+void internal_failure(const char* where) noexcept;
+
+// True if the calling thread's stack passes through a library named in SPILLWAY_EXCLUDE.
+bool allocation_excluded();
+
+// Set while the shim runs its own driver calls on this thread.
+struct ShimCallScope {
+  ShimCallScope();
+  ~ShimCallScope();
+};
+bool in_shim_call();
+
+// Set by runtime hooks (cudaMalloc, ...) around the real runtime call, so the driver hook
+// it leads to records the runtime's family and tells the runtime hook that it ran.
+struct RuntimeAllocScope {
+  explicit RuntimeAllocScope(AllocKind kind);
+  ~RuntimeAllocScope();
+  bool driver_hook_ran() const;
+};
+std::optional<AllocKind> runtime_alloc_kind();
+void note_driver_alloc_hook_ran();
+
+// The CUresult for an Engine Result: the driver's own code when it gave one.
+CUresult to_cuda(const Result& r);
+
+}  // namespace spillway::interpose

@@ -1,0 +1,177 @@
+// fakecuda core: the state behind the fake CUDA driver (libcuda.so.1) used by Spillway's
+// GPU-less tests — configuration from FAKECUDA_* variables, the per-call log and failure
+// injection, the allocation registry, contexts, streams, events and modules.
+// Types and constants come from the CUDA 13.0 cuda.h; behaviour follows the driver API
+// reference (see README.md in this directory for what is faked and what is left out).
+#pragma once
+
+#define __CUDA_API_VERSION_INTERNAL 1  // declares every versioned name (_v2, _ptsz, v1 ABIs)
+#pragma GCC visibility push(default)     // the CUDA entry points we define are exported
+#include <cuda.h>
+#pragma GCC visibility pop
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#define FAKECUDA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace fakecuda {
+
+// ---- configuration (FAKECUDA_* environment variables) -------------------------------
+struct FailRule {
+  std::string name;       // exported symbol or base name
+  uint64_t nth = 0;       // 1-based call number that fails
+  int code = 0;           // 0: family default (OOM for allocations, UNKNOWN otherwise)
+};
+
+struct Config {
+  uint64_t total_memory = 17179869184ull;  // FAKECUDA_TOTAL_MEMORY
+  int concurrent_managed_access = 1;       // FAKECUDA_CONCURRENT_MANAGED_ACCESS
+  bool async = false;                      // FAKECUDA_ASYNC
+  int log_fd = -1;                         // FAKECUDA_LOG (O_APPEND)
+  std::vector<FailRule> fail;              // FAKECUDA_FAIL
+};
+const Config& config();
+void reload_config();  // re-reads the environment (tests); resets failure counters
+
+// ---- one driver call: log line + failure injection -----------------------------------
+enum CallFlags : unsigned {
+  kNone = 0,
+  kNoInit = 1,   // allowed before cuInit
+  kCtx = 2,      // needs a current context
+  kAlloc = 4,    // injected failures default to CUDA_ERROR_OUT_OF_MEMORY
+};
+
+class Call {
+ public:
+  Call(const char* symbol, const char* base, unsigned flags);
+  Call& hex(const char* key, uint64_t v);
+  Call& ptr(const char* key, const void* p) { return hex(key, reinterpret_cast<uintptr_t>(p)); }
+  Call& dec(const char* key, uint64_t v);
+  Call& sdec(const char* key, int64_t v);
+  Call& str(const char* key, const char* s);
+  Call& stream(CUstream s);  // stream=0x.. capturing=0|1
+  CUresult check();          // cuInit done, injected failure, current context
+  CUresult finish(CUresult r);
+
+ private:
+  const char* symbol_;
+  const char* base_;
+  unsigned flags_;
+  std::string line_;
+};
+
+// Runs body(Call&) with no exception escaping; logs "<symbol> k=v ... -> <result>".
+template <class F>
+CUresult api(const char* symbol, const char* base, unsigned flags, F&& body) {
+  Call c(symbol, base, flags);
+  CUresult r;
+  try {
+    r = body(c);
+  } catch (...) {
+    r = CUDA_ERROR_UNKNOWN;
+  }
+  return c.finish(r);
+}
+#define FC_CHECK(c) \
+  if (CUresult fc_r_ = (c).check(); fc_r_ != CUDA_SUCCESS) return fc_r_
+
+bool initialized();
+void set_initialized();
+
+// ---- allocations ----------------------------------------------------------------------
+enum class Kind { Device, Managed, Host, Vmm };
+const char* kind_name(Kind k);
+
+struct Alloc {
+  uintptr_t base = 0;
+  size_t size = 0;
+  Kind kind = Kind::Device;
+  uint64_t id = 0;         // BUFFER_ID
+  void* map = nullptr;     // mmap'd region (nullptr for VMM mappings)
+  size_t map_len = 0;
+  CUmemoryPool pool = nullptr;
+};
+
+// mmap-backed allocation; device-kind sizes count against FAKECUDA_TOTAL_MEMORY.
+CUresult alloc(Kind kind, size_t size, CUdeviceptr* out, CUmemoryPool pool = nullptr);
+CUresult release(uintptr_t base, bool (*accept)(Kind));  // base must be an allocation start
+bool find(uintptr_t p, Alloc* out);                         // allocation containing p
+bool covers(uintptr_t p, size_t n, bool (*accept)(Kind), Alloc* out = nullptr);
+void add_vmm_mapping(uintptr_t base, size_t size);
+bool remove_vmm_mapping(uintptr_t base);
+uint64_t device_bytes_used();
+bool reserve_device_bytes(size_t n);  // VMM physical handles
+void release_device_bytes(size_t n);
+
+// ---- contexts ----------------------------------------------------------------------------
+CUcontext primary_context();
+CUcontext current_context();
+void set_current_context(CUcontext ctx);  // replaces top of the thread's stack
+void push_context(CUcontext ctx);
+bool pop_context(CUcontext* out);
+int& primary_refcount();
+CUstreamCaptureMode& thread_capture_mode();
+
+// ---- streams and events -------------------------------------------------------------
+struct Stream;
+struct Event {
+  bool timing = true;
+  bool recorded = false;
+  bool complete = true;
+  Stream* stream = nullptr;
+  std::chrono::steady_clock::time_point when{};
+};
+struct Stream {
+  bool capturing = false;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  unsigned flags = 0;
+  int priority = 0;
+  // ASYNC mode: work not yet complete, in order. An op is an event to complete, a
+  // deferred free, or plain work (launch, prefetch, ...).
+  struct Op {
+    Event* event = nullptr;
+    uintptr_t free_base = 0;
+  };
+  std::deque<Op> pending;
+};
+
+std::mutex& stream_mutex();  // guards every Stream and Event
+Stream* lookup_stream(CUstream s);  // nullptr, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD → default
+Stream* new_stream();
+bool delete_stream(CUstream s);
+bool is_default_stream(CUstream s);
+Event* lookup_event(CUevent e);
+Event* new_event();
+bool delete_event(CUevent e);
+// Adds work to a stream: completed now (synchronous mode) or at the next synchronize.
+void enqueue(Stream* s, Stream::Op op);
+void complete(Stream* s, Event* upto = nullptr);  // drains s (up to and including upto)
+void complete_all();
+bool any_pending(Stream* s);
+
+// ---- modules ------------------------------------------------------------------------------
+struct Function {
+  std::string name;
+  std::vector<size_t> sizes, offsets;
+};
+struct Module {
+  std::vector<Function> functions;
+};
+bool parse_module(const char* image, Module* out);
+bool valid_module(CUmodule m);
+bool valid_function(CUfunction f);
+void register_module(Module* m);
+void unregister_module(Module* m);
+
+// Generic registry of opaque handles (graphs, pools, VMM handles).
+void* new_handle(const char* kind, uint64_t value = 0);
+bool handle_is(const void* h, const char* kind, uint64_t* value = nullptr);
+bool delete_handle(const void* h, const char* kind);
+
+}  // namespace fakecuda

@@ -1,0 +1,1417 @@
+// fakecuda driver entry points: the CUDA driver API subset Spillway touches, exported
+// under the real CUDA 13.0 versioned symbol names (cuMemAlloc_v2, cuMemAllocAsync_ptsz,
+// v1 cuMemAlloc, ...). Signatures are checked by the compiler against cuda.h (compiled
+// with __CUDA_API_VERSION_INTERNAL); semantics follow the driver API reference, with
+// memory in host RAM. cuGetProcAddress lives in procs.cpp.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "core.h"
+
+using namespace fakecuda;
+
+namespace {
+
+bool managed_kind(Kind k) { return k == Kind::Managed; }
+bool freeable_kind(Kind k) { return k == Kind::Device || k == Kind::Managed; }
+bool gpu_visible(Kind k) { return k != Kind::Host; }
+bool host_kind(Kind k) { return k == Kind::Host; }
+
+uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
+CUresult check_device(CUdevice dev) { return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; }
+
+// Resolves a stream handle for a stream-ordered call; nullptr → invalid handle.
+Stream* stream_of(CUstream s) {
+  std::lock_guard lock(stream_mutex());
+  return lookup_stream(s);
+}
+
+bool capturing(Stream* s) {
+  std::lock_guard lock(stream_mutex());
+  return s->capturing;
+}
+
+// Stream-ordered work: captured work is only logged; otherwise it is queued (FAKECUDA_ASYNC)
+// or completed at once.
+void submit(Stream* s, Stream::Op op = {}) {
+  std::lock_guard lock(stream_mutex());
+  if (!s->capturing) enqueue(s, op);
+}
+
+// ---- allocation helpers ----------------------------------------------------------------
+CUresult alloc_call(Call& c, CUdeviceptr* dptr, size_t size, Kind kind, CUmemoryPool pool = nullptr) {
+  if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = alloc(kind, size, dptr, pool);
+  if (r == CUDA_SUCCESS) c.hex("dptr", *dptr);
+  return r;
+}
+
+CUmemoryPool default_pool() {
+  static CUmemoryPool pool = static_cast<CUmemoryPool>(new_handle("pool", 0));
+  return pool;
+}
+bool pool_kind(CUmemoryPool pool, Kind* kind) {
+  uint64_t managed = 0;
+  if (!handle_is(pool, "pool", &managed)) return false;
+  *kind = managed ? Kind::Managed : Kind::Device;
+  return true;
+}
+
+CUresult alloc_async(Call& c, CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream) {
+  c.dec("bytesize", size).ptr("pool", pool).stream(stream);
+  FC_CHECK(c);
+  Kind kind;
+  if (!dptr || !pool_kind(pool, &kind)) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s = stream_of(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult r = alloc_call(c, dptr, size, kind, pool);
+  if (r == CUDA_SUCCESS) submit(s);
+  return r;
+}
+
+CUresult free_async(Call& c, CUdeviceptr dptr, CUstream stream) {
+  c.hex("dptr", dptr).stream(stream);
+  FC_CHECK(c);
+  Stream* s = stream_of(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  Alloc a;
+  if (!find(dptr, &a) || a.base != dptr || !freeable_kind(a.kind)) return CUDA_ERROR_INVALID_VALUE;
+  submit(s, {nullptr, dptr});  // released when the stream gets there
+  return CUDA_SUCCESS;
+}
+
+// ---- unified memory hints ----------------------------------------------------------------
+bool valid_location(CUmemLocation loc) {
+  return (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && loc.id == 0) ||
+         loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+         loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
+}
+
+CUresult prefetch(Call& c, CUdeviceptr p, size_t n, CUmemLocation loc, unsigned flags, CUstream stream) {
+  c.hex("dptr", p).dec("count", n).sdec("loc_type", loc.type).sdec("loc_id", loc.id).dec("flags", flags);
+  c.stream(stream);
+  FC_CHECK(c);
+  Stream* s = stream_of(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (!covers(p, n, managed_kind)) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_location(loc)) return CUDA_ERROR_INVALID_DEVICE;
+  submit(s);
+  return CUDA_SUCCESS;
+}
+
+CUmemLocation location_of(CUdevice dev) {
+  CUmemLocation loc{};
+  if (dev == CU_DEVICE_CPU) {
+    loc.type = CU_MEM_LOCATION_TYPE_HOST;
+  } else {
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = dev;
+  }
+  return loc;
+}
+
+CUresult advise(Call& c, CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc) {
+  c.hex("dptr", p).dec("count", n).sdec("advice", advice).sdec("loc_type", loc.type).sdec("loc_id", loc.id);
+  FC_CHECK(c);
+  if (!covers(p, n, managed_kind)) return CUDA_ERROR_INVALID_VALUE;
+  if (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY)
+    return CUDA_ERROR_INVALID_VALUE;
+  bool needs_location = advice != CU_MEM_ADVISE_SET_READ_MOSTLY && advice != CU_MEM_ADVISE_UNSET_READ_MOSTLY;
+  if (needs_location && !valid_location(loc)) return CUDA_ERROR_INVALID_DEVICE;
+  return CUDA_SUCCESS;
+}
+
+// ---- copies ------------------------------------------------------------------------------------
+CUresult copy(Call& c, void* dst, const void* src, size_t n, bool dst_dev, bool src_dev) {
+  c.ptr("dst", dst).ptr("src", src).dec("bytes", n);
+  FC_CHECK(c);
+  if (n == 0) return CUDA_SUCCESS;
+  if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
+  if (dst_dev && !covers(addr(dst), n, gpu_visible)) return CUDA_ERROR_INVALID_VALUE;
+  if (src_dev && !covers(addr(src), n, gpu_visible)) return CUDA_ERROR_INVALID_VALUE;
+  std::memmove(dst, src, n);
+  return CUDA_SUCCESS;
+}
+
+void* as_ptr(CUdeviceptr p) { return reinterpret_cast<void*>(p); }
+
+// ---- pointer attributes -----------------------------------------------------------------------
+// Booleans (IS_MANAGED, MAPPED, IS_LEGACY_CUDA_IPC_CAPABLE) are written as unsigned int.
+CUresult pointer_attribute(CUpointer_attribute attr, const Alloc* a, CUdeviceptr p, void* data) {
+  auto put = [&](auto v) { std::memcpy(data, &v, sizeof v); };
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: put(a ? primary_context() : CUcontext{}); break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      put(static_cast<unsigned>(!a ? 0 : a->kind == Kind::Host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE));
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: put(a ? p : CUdeviceptr{0}); break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (a && (a->kind == Kind::Device || a->kind == Kind::Vmm)) return CUDA_ERROR_INVALID_VALUE;
+      put(a ? as_ptr(p) : nullptr);
+      break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: put(static_cast<unsigned long long>(a ? a->id : 0)); break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: put(static_cast<unsigned>(a && a->kind == Kind::Managed)); break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: put(a ? 0 : -2); break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      put(static_cast<unsigned>(a && a->kind == Kind::Device));
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: put(a ? CUdeviceptr{a->base} : CUdeviceptr{0}); break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: put(a ? a->size : size_t{0}); break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: put(static_cast<unsigned>(a != nullptr)); break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: put(a ? a->pool : CUmemoryPool{}); break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+// ---- kernels --------------------------------------------------------------------------------
+std::mutex g_launch_mutex;
+std::string g_last_name;
+std::vector<uint64_t> g_last_params;
+bool g_launched = false;
+
+uint64_t load_le(const unsigned char* p, size_t n) {
+  uint64_t v = 0;
+  std::memcpy(&v, p, std::min<size_t>(n, 8));  // little-endian host
+  return v;
+}
+
+bool device_range(uint64_t p, uint64_t count) {
+  if (count > SIZE_MAX / 4) return false;
+  return count == 0 || covers(p, count * 4, gpu_visible);
+}
+
+// Executes a launch on the CPU; the kernel's behaviour is chosen by its name.
+CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUstream stream,
+                void** params, void** extra) {
+  auto* fn = reinterpret_cast<const Function*>(f);
+  c.ptr("func", f);
+  if (f && valid_function(f)) c.str("name", fn->name.c_str());
+  c.str("grid", (std::to_string(grid[0]) + "," + std::to_string(grid[1]) + "," + std::to_string(grid[2])).c_str());
+  c.str("block", (std::to_string(block[0]) + "," + std::to_string(block[1]) + "," + std::to_string(block[2])).c_str());
+  c.stream(stream);
+  FC_CHECK(c);
+  if (!f) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
+  Stream* s = stream_of(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (grid[0] * grid[1] * grid[2] == 0 || block[0] * block[1] * block[2] == 0) return CUDA_ERROR_INVALID_VALUE;
+
+  // Collect the parameter bytes from kernelParams or from CU_LAUNCH_PARAM_BUFFER_POINTER.
+  const unsigned char* buffer = nullptr;
+  size_t buffer_size = 0;
+  for (void** e = extra; e && *e != CU_LAUNCH_PARAM_END; e += 2) {
+    if (e[0] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = static_cast<const unsigned char*>(e[1]);
+    else if (e[0] == CU_LAUNCH_PARAM_BUFFER_SIZE && e[1]) buffer_size = *static_cast<size_t*>(e[1]);
+    else return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::vector<uint64_t> values;
+  for (size_t i = 0; i < fn->sizes.size(); ++i) {
+    const unsigned char* p = nullptr;
+    if (params) p = static_cast<const unsigned char*>(params[i]);
+    else if (buffer && fn->offsets[i] + fn->sizes[i] <= buffer_size) p = buffer + fn->offsets[i];
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    values.push_back(load_le(p, fn->sizes[i]));
+    c.hex(("p" + std::to_string(i)).c_str(), values.back());
+  }
+  {
+    std::lock_guard lock(g_launch_mutex);
+    g_last_name = fn->name;
+    g_last_params = values;
+    g_launched = true;
+  }
+  if (capturing(s)) return CUDA_SUCCESS;  // captured, not run
+
+  auto arg = [&](size_t i) { return i < values.size() ? values[i] : 0; };
+  if (fn->name.rfind("fill_u32", 0) == 0) {
+    uint64_t ptr = arg(0), count = arg(1);
+    if (!device_range(ptr, count)) {
+      c.hex("fault", ptr);
+      return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+    std::fill_n(reinterpret_cast<uint32_t*>(ptr), count, static_cast<uint32_t>(arg(2)));
+  } else if (fn->name.rfind("add_u32", 0) == 0) {
+    uint64_t dst = arg(0), a = arg(1), b = arg(2), count = arg(3);
+    for (uint64_t p : {dst, a, b})
+      if (!device_range(p, count)) {
+        c.hex("fault", p);
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+      }
+    auto* d = reinterpret_cast<uint32_t*>(dst);
+    auto* x = reinterpret_cast<const uint32_t*>(a);
+    auto* y = reinterpret_cast<const uint32_t*>(b);
+    for (uint64_t i = 0; i < count; ++i) d[i] = x[i] + y[i];
+  }
+  submit(s);
+  return CUDA_SUCCESS;
+}
+
+CUresult launch_kernel(Call& c, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, unsigned shmem, CUstream stream, void** params, void** extra) {
+  unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+  c.dec("shmem", shmem);
+  return launch(c, f, grid, block, stream, params, extra);
+}
+
+CUresult launch_ex(Call& c, const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  if (!config) {
+    FC_CHECK(c);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  unsigned grid[3] = {config->gridDimX, config->gridDimY, config->gridDimZ};
+  unsigned block[3] = {config->blockDimX, config->blockDimY, config->blockDimZ};
+  c.dec("shmem", config->sharedMemBytes);
+  return launch(c, f, grid, block, config->hStream, params, extra);
+}
+
+// ---- streams, events, capture ---------------------------------------------------------------
+CUresult stream_sync(Call& c, CUstream stream) {
+  c.stream(stream);
+  FC_CHECK(c);
+  std::lock_guard lock(stream_mutex());
+  Stream* s = lookup_stream(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  complete(s);
+  return CUDA_SUCCESS;
+}
+
+CUresult stream_query(Call& c, CUstream stream) {
+  c.stream(stream);
+  FC_CHECK(c);
+  std::lock_guard lock(stream_mutex());
+  Stream* s = lookup_stream(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return any_pending(s) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+CUresult stream_wait_event(Call& c, CUstream stream, CUevent event, unsigned flags) {
+  c.ptr("event", event).dec("flags", flags).stream(stream);
+  FC_CHECK(c);
+  std::lock_guard lock(stream_mutex());
+  if (!lookup_stream(stream) || !lookup_event(event)) return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_SUCCESS;  // the fake has one in-order device: nothing to wait for
+}
+
+CUresult is_capturing(Call& c, CUstream stream, CUstreamCaptureStatus* status) {
+  c.stream(stream);
+  FC_CHECK(c);
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(stream_mutex());
+  Stream* s = lookup_stream(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  *status = s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+CUresult begin_capture(Call& c, CUstream stream, CUstreamCaptureMode mode) {
+  c.sdec("mode", mode).stream(stream);
+  FC_CHECK(c);
+  if (mode < CU_STREAM_CAPTURE_MODE_GLOBAL || mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(stream_mutex());
+  Stream* s = lookup_stream(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (is_default_stream(stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  s->capturing = true;
+  s->mode = mode;
+  return CUDA_SUCCESS;
+}
+
+CUresult end_capture(Call& c, CUstream stream, CUgraph* graph) {
+  c.stream(stream);
+  FC_CHECK(c);
+  if (!graph) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(stream_mutex());
+  Stream* s = lookup_stream(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (!s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  s->capturing = false;
+  *graph = static_cast<CUgraph>(new_handle("graph"));
+  c.ptr("graph", *graph);
+  return CUDA_SUCCESS;
+}
+
+CUresult event_record(Call& c, CUevent event, CUstream stream) {
+  c.ptr("event", event).stream(stream);
+  FC_CHECK(c);
+  std::lock_guard lock(stream_mutex());
+  Stream* s = lookup_stream(stream);
+  Event* e = lookup_event(event);
+  if (!s || !e) return CUDA_ERROR_INVALID_HANDLE;
+  if (s->capturing) return CUDA_SUCCESS;  // becomes a graph node; not run
+  e->recorded = true;
+  e->stream = s;
+  e->when = std::chrono::steady_clock::now();
+  e->complete = false;
+  enqueue(s, {e, 0});
+  return CUDA_SUCCESS;
+}
+
+CUresult elapsed(Call& c, float* ms, CUevent start, CUevent end) {
+  c.ptr("start", start).ptr("end", end);
+  FC_CHECK(c);
+  if (!ms) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(stream_mutex());
+  Event* a = lookup_event(start);
+  Event* b = lookup_event(end);
+  if (!a || !b || !a->timing || !b->timing || !a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  if (!a->complete || !b->complete) return CUDA_ERROR_NOT_READY;
+  *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+  return CUDA_SUCCESS;
+}
+
+CUresult graph_launch(Call& c, CUgraphExec exec, CUstream stream) {
+  c.ptr("exec", exec).stream(stream);
+  FC_CHECK(c);
+  if (!exec) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s = stream_of(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  submit(s);
+  return CUDA_SUCCESS;
+}
+
+// ---- VMM ------------------------------------------------------------------------------------
+std::mutex g_vmm_mutex;
+std::map<uintptr_t, size_t> g_reservations;  // base → length (mmap'd, PROT_READ|WRITE)
+
+bool in_reservation(uintptr_t p, size_t n) {
+  std::lock_guard lock(g_vmm_mutex);
+  auto it = g_reservations.upper_bound(p);
+  if (it == g_reservations.begin()) return false;
+  --it;
+  return p >= it->first && n <= it->first + it->second - p;
+}
+
+// ---- error strings -----------------------------------------------------------------------
+struct ErrorText {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+const ErrorText* error_text(CUresult r) {
+  for (const ErrorText& e : kErrors)
+    if (e.code == r) return &e;
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---- initialization, device ----------------------------------------------------------------
+CUresult CUDAAPI cuInit(unsigned int flags) {
+  return api("cuInit", "cuInit", kNoInit, [&](Call& c) {
+    c.dec("flags", flags);
+    FC_CHECK(c);
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    set_initialized();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDriverGetVersion(int* version) {
+  return api("cuDriverGetVersion", "cuDriverGetVersion", kNoInit, [&](Call& c) {
+    FC_CHECK(c);
+    if (!version) return CUDA_ERROR_INVALID_VALUE;
+    *version = 13000;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice* device, int ordinal) {
+  return api("cuDeviceGet", "cuDeviceGet", kNone, [&](Call& c) {
+    c.sdec("ordinal", ordinal);
+    FC_CHECK(c);
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *device = 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int* count) {
+  return api("cuDeviceGetCount", "cuDeviceGetCount", kNone, [&](Call& c) {
+    FC_CHECK(c);
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = 1;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDeviceGetName(char* name, int len, CUdevice dev) {
+  return api("cuDeviceGetName", "cuDeviceGetName", kNone, [&](Call& c) {
+    c.sdec("len", len).sdec("dev", dev);
+    FC_CHECK(c);
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_device(dev)) return r;
+    std::snprintf(name, static_cast<size_t>(len), "%s", "Fakecuda GPU");
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  return api("cuDeviceGetAttribute", "cuDeviceGetAttribute", kNone, [&](Call& c) {
+    c.sdec("attrib", attrib).sdec("dev", dev);
+    FC_CHECK(c);
+    if (!pi) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_device(dev)) return r;
+    switch (attrib) {
+      case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: *pi = config().concurrent_managed_access; break;
+      case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: *pi = 1; break;
+      case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *pi = 1; break;
+      case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: *pi = 32; break;
+      case CU_DEVICE_ATTRIBUTE_MAX_PITCH: *pi = 2147483647; break;
+      case CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: *pi = 0; break;
+      case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = 132; break;
+      case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+      case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+      case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
+      default: *pi = 0; break;
+    }
+    c.sdec("value", *pi);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  return api("cuDeviceTotalMem_v2", "cuDeviceTotalMem", kNone, [&](Call& c) {
+    c.sdec("dev", dev);
+    FC_CHECK(c);
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_device(dev)) return r;
+    *bytes = config().total_memory;
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- contexts (one primary context) -------------------------------------------------------
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  return api("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", kNone, [&](Call& c) {
+    c.sdec("dev", dev);
+    FC_CHECK(c);
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_device(dev)) return r;
+    std::lock_guard lock(stream_mutex());
+    ++primary_refcount();
+    *pctx = primary_context();
+    c.ptr("ctx", *pctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  return api("cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease", kNone, [&](Call& c) {
+    c.sdec("dev", dev);
+    FC_CHECK(c);
+    if (CUresult r = check_device(dev)) return r;
+    std::lock_guard lock(stream_mutex());
+    if (primary_refcount() == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    --primary_refcount();
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
+  return api("cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxGetState", kNone, [&](Call& c) {
+    c.sdec("dev", dev);
+    FC_CHECK(c);
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_device(dev)) return r;
+    std::lock_guard lock(stream_mutex());
+    *flags = 0;
+    *active = primary_refcount() > 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
+  return api("cuCtxGetCurrent", "cuCtxGetCurrent", kNone, [&](Call& c) {
+    FC_CHECK(c);
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = current_context();
+    c.ptr("ctx", *pctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+  return api("cuCtxSetCurrent", "cuCtxSetCurrent", kNone, [&](Call& c) {
+    c.ptr("ctx", ctx);
+    FC_CHECK(c);
+    if (ctx && ctx != primary_context()) return CUDA_ERROR_INVALID_CONTEXT;
+    set_current_context(ctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) {
+  return api("cuCtxPushCurrent_v2", "cuCtxPushCurrent", kNone, [&](Call& c) {
+    c.ptr("ctx", ctx);
+    FC_CHECK(c);
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    if (ctx != primary_context()) return CUDA_ERROR_INVALID_CONTEXT;
+    push_context(ctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
+  return api("cuCtxPopCurrent_v2", "cuCtxPopCurrent", kNone, [&](Call& c) {
+    FC_CHECK(c);
+    CUcontext ctx{};
+    if (!pop_context(&ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (pctx) *pctx = ctx;  // NULL pctx is allowed
+    c.ptr("ctx", ctx);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
+  return api("cuCtxGetDevice", "cuCtxGetDevice", kCtx, [&](Call& c) {
+    FC_CHECK(c);
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    *device = 0;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuCtxSynchronize(void) {
+  return api("cuCtxSynchronize", "cuCtxSynchronize", kCtx, [&](Call& c) {
+    FC_CHECK(c);
+    std::lock_guard lock(stream_mutex());
+    complete_all();
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- device and managed memory -------------------------------------------------------------
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  return api("cuMemAlloc_v2", "cuMemAlloc", kCtx | kAlloc, [&](Call& c) {
+    c.dec("bytesize", bytesize);
+    FC_CHECK(c);
+    return alloc_call(c, dptr, bytesize, Kind::Device);
+  });
+}
+
+// v1 ABI (32-bit CUdeviceptr): exported so version lookups can be told apart; host RAM has
+// no 32-bit addresses to hand out.
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1* dptr, unsigned int bytesize) {
+  return api("cuMemAlloc", "cuMemAlloc", kCtx | kAlloc, [&](Call& c) {
+    c.dec("bytesize", bytesize);
+    FC_CHECK(c);
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_NOT_SUPPORTED;
+  });
+}
+
+CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                                    unsigned int element_size) {
+  return api("cuMemAllocPitch_v2", "cuMemAllocPitch", kCtx | kAlloc, [&](Call& c) {
+    c.dec("width", width).dec("height", height).dec("element_size", element_size);
+    FC_CHECK(c);
+    if (!dptr || !pitch || width == 0 || height == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (element_size != 4 && element_size != 8 && element_size != 16) return CUDA_ERROR_INVALID_VALUE;
+    if (width > SIZE_MAX - 511) return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (width + 511) / 512 * 512;
+    if (height > SIZE_MAX / p) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = alloc_call(c, dptr, p * height, Kind::Device);
+    if (r == CUDA_SUCCESS) {
+      *pitch = p;
+      c.dec("pitch", p);
+    }
+    return r;
+  });
+}
+
+CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  return api("cuMemAllocManaged", "cuMemAllocManaged", kCtx | kAlloc, [&](Call& c) {
+    c.dec("bytesize", bytesize).dec("flags", flags);
+    FC_CHECK(c);
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
+    return alloc_call(c, dptr, bytesize, Kind::Managed);
+  });
+}
+
+CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  return api("cuMemAllocAsync", "cuMemAllocAsync", kCtx | kAlloc,
+             [&](Call& c) { return alloc_async(c, dptr, bytesize, default_pool(), stream); });
+}
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  return api("cuMemAllocAsync_ptsz", "cuMemAllocAsync", kCtx | kAlloc,
+             [&](Call& c) { return alloc_async(c, dptr, bytesize, default_pool(), stream); });
+}
+CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+  return api("cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", kCtx | kAlloc,
+             [&](Call& c) { return alloc_async(c, dptr, bytesize, pool, stream); });
+}
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream stream) {
+  return api("cuMemAllocFromPoolAsync_ptsz", "cuMemAllocFromPoolAsync", kCtx | kAlloc,
+             [&](Call& c) { return alloc_async(c, dptr, bytesize, pool, stream); });
+}
+
+CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+  return api("cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool", kNone, [&](Call& c) {
+    c.sdec("dev", dev);
+    FC_CHECK(c);
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_device(dev)) return r;
+    *pool = default_pool();
+    c.ptr("pool", *pool);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
+  return api("cuDeviceGetMemPool", "cuDeviceGetMemPool", kNone, [&](Call& c) {
+    c.sdec("dev", dev);
+    FC_CHECK(c);
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_device(dev)) return r;
+    *pool = default_pool();  // cuDeviceSetMemPool is not faked
+    c.ptr("pool", *pool);
+    return CUDA_SUCCESS;
+  });
+}
+
+// CU_MEM_ALLOCATION_TYPE_MANAGED pools (CUDA 13) hand out managed memory.
+CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
+  return api("cuMemPoolCreate", "cuMemPoolCreate", kNone, [&](Call& c) {
+    FC_CHECK(c);
+    if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
+    c.sdec("alloc_type", props->allocType);
+    bool managed = props->allocType == CU_MEM_ALLOCATION_TYPE_MANAGED;
+    if (!managed && props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    *pool = static_cast<CUmemoryPool>(new_handle("pool", managed));
+    c.ptr("pool", *pool);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
+  return api("cuMemPoolDestroy", "cuMemPoolDestroy", kNone, [&](Call& c) {
+    c.ptr("pool", pool);
+    FC_CHECK(c);
+    if (!pool || pool == default_pool()) return CUDA_ERROR_INVALID_VALUE;
+    return delete_handle(pool, "pool") ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
+  return api("cuMemFree_v2", "cuMemFree", kCtx, [&](Call& c) {
+    c.hex("dptr", dptr);
+    FC_CHECK(c);
+    return release(dptr, freeable_kind);
+  });
+}
+
+CUresult CUDAAPI cuMemFree(CUdeviceptr_v1 dptr) {
+  return api("cuMemFree", "cuMemFree", kCtx, [&](Call& c) {
+    c.hex("dptr", dptr);
+    FC_CHECK(c);
+    return release(dptr, freeable_kind);
+  });
+}
+
+CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  return api("cuMemFreeAsync", "cuMemFreeAsync", kCtx, [&](Call& c) { return free_async(c, dptr, stream); });
+}
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  return api("cuMemFreeAsync_ptsz", "cuMemFreeAsync", kCtx, [&](Call& c) { return free_async(c, dptr, stream); });
+}
+
+// free = total − live device bytes (managed memory is never counted as resident).
+CUresult CUDAAPI cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
+  return api("cuMemGetInfo_v2", "cuMemGetInfo", kCtx, [&](Call& c) {
+    FC_CHECK(c);
+    if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
+    *total_bytes = config().total_memory;
+    *free_bytes = *total_bytes - std::min<uint64_t>(device_bytes_used(), *total_bytes);
+    c.dec("free", *free_bytes).dec("total", *total_bytes);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_bytes) {
+  return api("cuMemGetInfo", "cuMemGetInfo", kCtx, [&](Call& c) {
+    FC_CHECK(c);
+    if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t total = config().total_memory;
+    uint64_t free = total - std::min(device_bytes_used(), total);
+    *total_bytes = static_cast<unsigned>(std::min<uint64_t>(total, UINT_MAX));
+    *free_bytes = static_cast<unsigned>(std::min<uint64_t>(free, UINT_MAX));
+    c.dec("free", *free_bytes).dec("total", *total_bytes);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  return api("cuMemGetAddressRange_v2", "cuMemGetAddressRange", kCtx, [&](Call& c) {
+    c.hex("dptr", dptr);
+    FC_CHECK(c);
+    Alloc a;
+    if (!find(dptr, &a)) return CUDA_ERROR_NOT_FOUND;
+    if (pbase) *pbase = a.base;  // either output may be NULL
+    if (psize) *psize = a.size;
+    c.hex("base", a.base).dec("size", a.size);
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- pinned host memory ----------------------------------------------------------------------
+CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
+  return api("cuMemHostAlloc", "cuMemHostAlloc", kCtx | kAlloc, [&](Call& c) {
+    c.dec("bytesize", bytesize).dec("flags", flags);
+    FC_CHECK(c);
+    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr p = 0;
+    CUresult r = alloc_call(c, &p, bytesize, Kind::Host);
+    if (r == CUDA_SUCCESS) *pp = as_ptr(p);
+    return r;
+  });
+}
+
+CUresult CUDAAPI cuMemAllocHost_v2(void** pp, size_t bytesize) {
+  return api("cuMemAllocHost_v2", "cuMemAllocHost", kCtx | kAlloc, [&](Call& c) {
+    c.dec("bytesize", bytesize);
+    FC_CHECK(c);
+    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr p = 0;
+    CUresult r = alloc_call(c, &p, bytesize, Kind::Host);
+    if (r == CUDA_SUCCESS) *pp = as_ptr(p);
+    return r;
+  });
+}
+
+CUresult CUDAAPI cuMemFreeHost(void* p) {
+  return api("cuMemFreeHost", "cuMemFreeHost", kCtx, [&](Call& c) {
+    c.ptr("p", p);
+    FC_CHECK(c);
+    return release(addr(p), host_kind);
+  });
+}
+
+// ---- pointer attributes -----------------------------------------------------------------------
+CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  return api("cuPointerGetAttribute", "cuPointerGetAttribute", kNone, [&](Call& c) {
+    c.sdec("attribute", attribute).hex("ptr", ptr);
+    FC_CHECK(c);
+    Alloc a;
+    if (!data || !find(ptr, &a)) return CUDA_ERROR_INVALID_VALUE;
+    c.str("kind", kind_name(a.kind));
+    return pointer_attribute(attribute, &a, ptr, data);
+  });
+}
+
+// Unknown pointers are not an error here: every attribute gets its default (driver docs).
+CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data,
+                                        CUdeviceptr ptr) {
+  return api("cuPointerGetAttributes", "cuPointerGetAttributes", kNone, [&](Call& c) {
+    c.dec("count", count).hex("ptr", ptr);
+    FC_CHECK(c);
+    if (!attributes || !data || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    Alloc a;
+    bool known = find(ptr, &a);
+    c.str("kind", known ? kind_name(a.kind) : "none");
+    for (unsigned i = 0; i < count; ++i) {
+      if (!data[i]) return CUDA_ERROR_INVALID_VALUE;
+      CUresult r = pointer_attribute(attributes[i], known ? &a : nullptr, ptr, data[i]);
+      if (r == CUDA_ERROR_INVALID_VALUE && attributes[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER) {
+        *static_cast<void**>(data[i]) = nullptr;  // device memory has no host pointer
+      } else if (r != CUDA_SUCCESS) {
+        return r;
+      }
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- unified memory hints ----------------------------------------------------------------------
+CUresult CUDAAPI cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags,
+                                       CUstream stream) {
+  return api("cuMemPrefetchAsync_v2", "cuMemPrefetchAsync", kCtx,
+             [&](Call& c) { return prefetch(c, p, n, loc, flags, stream); });
+}
+CUresult CUDAAPI cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags,
+                                            CUstream stream) {
+  return api("cuMemPrefetchAsync_v2_ptsz", "cuMemPrefetchAsync", kCtx,
+             [&](Call& c) { return prefetch(c, p, n, loc, flags, stream); });
+}
+CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dst, CUstream stream) {
+  return api("cuMemPrefetchAsync", "cuMemPrefetchAsync", kCtx,
+             [&](Call& c) { return prefetch(c, p, n, location_of(dst), 0, stream); });
+}
+CUresult CUDAAPI cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevice dst, CUstream stream) {
+  return api("cuMemPrefetchAsync_ptsz", "cuMemPrefetchAsync", kCtx,
+             [&](Call& c) { return prefetch(c, p, n, location_of(dst), 0, stream); });
+}
+CUresult CUDAAPI cuMemAdvise_v2(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc) {
+  return api("cuMemAdvise_v2", "cuMemAdvise", kCtx, [&](Call& c) { return advise(c, p, n, advice, loc); });
+}
+CUresult CUDAAPI cuMemAdvise(CUdeviceptr p, size_t n, CUmem_advise advice, CUdevice dev) {
+  return api("cuMemAdvise", "cuMemAdvise", kCtx,
+             [&](Call& c) { return advise(c, p, n, advice, location_of(dev)); });
+}
+
+// ---- copies and sets -----------------------------------------------------------------------------
+CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
+  return api("cuMemcpyHtoD_v2", "cuMemcpyHtoD", kCtx,
+             [&](Call& c) { return copy(c, as_ptr(dst), src, n, true, false); });
+}
+CUresult CUDAAPI cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
+  return api("cuMemcpyDtoH_v2", "cuMemcpyDtoH", kCtx,
+             [&](Call& c) { return copy(c, dst, as_ptr(src), n, false, true); });
+}
+CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return api("cuMemcpyDtoD_v2", "cuMemcpyDtoD", kCtx,
+             [&](Call& c) { return copy(c, as_ptr(dst), as_ptr(src), n, true, true); });
+}
+CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {  // unified addressing
+  return api("cuMemcpy", "cuMemcpy", kCtx,
+             [&](Call& c) { return copy(c, as_ptr(dst), as_ptr(src), n, false, false); });
+}
+
+static CUresult copy_async(Call& c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+  c.stream(stream);
+  Stream* s = stream_of(stream);
+  if (!s) {
+    FC_CHECK(c);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  if (capturing(s)) {
+    c.ptr("dst", as_ptr(dst)).ptr("src", as_ptr(src)).dec("bytes", n);
+    FC_CHECK(c);
+    return CUDA_SUCCESS;  // captured, not run
+  }
+  CUresult r = copy(c, as_ptr(dst), as_ptr(src), n, false, false);
+  if (r == CUDA_SUCCESS) submit(s);
+  return r;
+}
+CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+  return api("cuMemcpyAsync", "cuMemcpyAsync", kCtx, [&](Call& c) { return copy_async(c, dst, src, n, stream); });
+}
+CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+  return api("cuMemcpyAsync_ptsz", "cuMemcpyAsync", kCtx,
+             [&](Call& c) { return copy_async(c, dst, src, n, stream); });
+}
+
+CUresult CUDAAPI cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) {
+  return api("cuMemsetD8_v2", "cuMemsetD8", kCtx, [&](Call& c) {
+    c.hex("dst", dst).dec("value", value).dec("count", n);
+    FC_CHECK(c);
+    if (n == 0) return CUDA_SUCCESS;
+    if (!covers(dst, n, gpu_visible)) return CUDA_ERROR_INVALID_VALUE;
+    std::memset(as_ptr(dst), value, n);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t n) {
+  return api("cuMemsetD32_v2", "cuMemsetD32", kCtx, [&](Call& c) {
+    c.hex("dst", dst).dec("value", value).dec("count", n);
+    FC_CHECK(c);
+    if (n == 0) return CUDA_SUCCESS;
+    if (dst % 4 || n > SIZE_MAX / 4 || !covers(dst, n * 4, gpu_visible)) return CUDA_ERROR_INVALID_VALUE;
+    std::fill_n(reinterpret_cast<uint32_t*>(dst), n, value);
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- streams ------------------------------------------------------------------------------------
+CUresult CUDAAPI cuStreamCreate(CUstream* stream, unsigned int flags) {
+  return api("cuStreamCreate", "cuStreamCreate", kCtx, [&](Call& c) {
+    c.dec("flags", flags);
+    FC_CHECK(c);
+    if (!stream || flags > CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lock(stream_mutex());
+    Stream* s = new_stream();
+    s->flags = flags;
+    *stream = reinterpret_cast<CUstream>(s);
+    c.ptr("stream", *stream);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
+  return api("cuStreamCreateWithPriority", "cuStreamCreateWithPriority", kCtx, [&](Call& c) {
+    c.dec("flags", flags).sdec("priority", priority);
+    FC_CHECK(c);
+    if (!stream || flags > CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lock(stream_mutex());
+    Stream* s = new_stream();
+    s->flags = flags;
+    s->priority = std::clamp(priority, -5, 0);  // [greatest, least] like an sm_90 device
+    *stream = reinterpret_cast<CUstream>(s);
+    c.ptr("stream", *stream);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuStreamDestroy_v2(CUstream stream) {
+  return api("cuStreamDestroy_v2", "cuStreamDestroy", kCtx, [&](Call& c) {
+    c.ptr("stream", stream);
+    FC_CHECK(c);
+    if (is_default_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+    std::lock_guard lock(stream_mutex());
+    return delete_stream(stream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  });
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream s) {
+  return api("cuStreamSynchronize", "cuStreamSynchronize", kCtx, [&](Call& c) { return stream_sync(c, s); });
+}
+CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream s) {
+  return api("cuStreamSynchronize_ptsz", "cuStreamSynchronize", kCtx, [&](Call& c) { return stream_sync(c, s); });
+}
+CUresult CUDAAPI cuStreamQuery(CUstream s) {
+  return api("cuStreamQuery", "cuStreamQuery", kCtx, [&](Call& c) { return stream_query(c, s); });
+}
+CUresult CUDAAPI cuStreamQuery_ptsz(CUstream s) {
+  return api("cuStreamQuery_ptsz", "cuStreamQuery", kCtx, [&](Call& c) { return stream_query(c, s); });
+}
+CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+  return api("cuStreamWaitEvent", "cuStreamWaitEvent", kCtx,
+             [&](Call& c) { return stream_wait_event(c, s, e, flags); });
+}
+CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned int flags) {
+  return api("cuStreamWaitEvent_ptsz", "cuStreamWaitEvent", kCtx,
+             [&](Call& c) { return stream_wait_event(c, s, e, flags); });
+}
+CUresult CUDAAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
+  return api("cuStreamIsCapturing", "cuStreamIsCapturing", kCtx,
+             [&](Call& c) { return is_capturing(c, s, status); });
+}
+CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus* status) {
+  return api("cuStreamIsCapturing_ptsz", "cuStreamIsCapturing", kCtx,
+             [&](Call& c) { return is_capturing(c, s, status); });
+}
+CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+  return api("cuStreamBeginCapture_v2", "cuStreamBeginCapture", kCtx,
+             [&](Call& c) { return begin_capture(c, s, mode); });
+}
+CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
+  return api("cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCapture", kCtx,
+             [&](Call& c) { return begin_capture(c, s, mode); });
+}
+CUresult CUDAAPI cuStreamEndCapture(CUstream s, CUgraph* graph) {
+  return api("cuStreamEndCapture", "cuStreamEndCapture", kCtx, [&](Call& c) { return end_capture(c, s, graph); });
+}
+CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream s, CUgraph* graph) {
+  return api("cuStreamEndCapture_ptsz", "cuStreamEndCapture", kCtx,
+             [&](Call& c) { return end_capture(c, s, graph); });
+}
+
+CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  return api("cuThreadExchangeStreamCaptureMode", "cuThreadExchangeStreamCaptureMode", kNone, [&](Call& c) {
+    FC_CHECK(c);
+    if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+      return CUDA_ERROR_INVALID_VALUE;
+    c.sdec("mode", *mode);
+    std::swap(*mode, thread_capture_mode());
+    c.sdec("previous", *mode);
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- events -------------------------------------------------------------------------------------
+CUresult CUDAAPI cuEventCreate(CUevent* event, unsigned int flags) {
+  return api("cuEventCreate", "cuEventCreate", kCtx, [&](Call& c) {
+    c.dec("flags", flags);
+    FC_CHECK(c);
+    if (!event) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lock(stream_mutex());
+    Event* e = new_event();
+    e->timing = !(flags & CU_EVENT_DISABLE_TIMING);
+    *event = reinterpret_cast<CUevent>(e);
+    c.ptr("event", *event);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s) {
+  return api("cuEventRecord", "cuEventRecord", kCtx, [&](Call& c) { return event_record(c, e, s); });
+}
+CUresult CUDAAPI cuEventRecord_ptsz(CUevent e, CUstream s) {
+  return api("cuEventRecord_ptsz", "cuEventRecord", kCtx, [&](Call& c) { return event_record(c, e, s); });
+}
+
+CUresult CUDAAPI cuEventQuery(CUevent event) {
+  return api("cuEventQuery", "cuEventQuery", kCtx, [&](Call& c) {
+    c.ptr("event", event);
+    FC_CHECK(c);
+    std::lock_guard lock(stream_mutex());
+    Event* e = lookup_event(event);
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    return e->complete ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+  });
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent event) {
+  return api("cuEventSynchronize", "cuEventSynchronize", kCtx, [&](Call& c) {
+    c.ptr("event", event);
+    FC_CHECK(c);
+    std::lock_guard lock(stream_mutex());
+    Event* e = lookup_event(event);
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (!e->complete && e->stream) complete(e->stream, e);
+    e->complete = true;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuEventDestroy_v2(CUevent event) {
+  return api("cuEventDestroy_v2", "cuEventDestroy", kCtx, [&](Call& c) {
+    c.ptr("event", event);
+    FC_CHECK(c);
+    std::lock_guard lock(stream_mutex());
+    return delete_event(event) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  });
+}
+
+CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) {
+  return api("cuEventElapsedTime_v2", "cuEventElapsedTime", kCtx, [&](Call& c) { return elapsed(c, ms, start, end); });
+}
+CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  return api("cuEventElapsedTime", "cuEventElapsedTime", kCtx, [&](Call& c) { return elapsed(c, ms, start, end); });
+}
+
+// ---- modules and launches -------------------------------------------------------------------------
+CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
+  return api("cuModuleLoadData", "cuModuleLoadData", kCtx, [&](Call& c) {
+    FC_CHECK(c);
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    auto* m = new Module;
+    if (!parse_module(static_cast<const char*>(image), m)) {
+      delete m;
+      return CUDA_ERROR_INVALID_IMAGE;
+    }
+    register_module(m);
+    *module = reinterpret_cast<CUmodule>(m);
+    c.ptr("module", *module).dec("functions", m->functions.size());
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuModuleGetFunction(CUfunction* func, CUmodule module, const char* name) {
+  return api("cuModuleGetFunction", "cuModuleGetFunction", kCtx, [&](Call& c) {
+    c.ptr("module", module).str("name", name);
+    FC_CHECK(c);
+    if (!func || !module || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_module(module)) return CUDA_ERROR_INVALID_HANDLE;
+    for (const Function& f : reinterpret_cast<Module*>(module)->functions) {
+      if (f.name == name) {
+        *func = reinterpret_cast<CUfunction>(const_cast<Function*>(&f));
+        c.ptr("func", *func);
+        return CUDA_SUCCESS;
+      }
+    }
+    return CUDA_ERROR_NOT_FOUND;
+  });
+}
+
+CUresult CUDAAPI cuModuleUnload(CUmodule module) {
+  return api("cuModuleUnload", "cuModuleUnload", kCtx, [&](Call& c) {
+    c.ptr("module", module);
+    FC_CHECK(c);
+    if (!module) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_module(module)) return CUDA_ERROR_INVALID_HANDLE;
+    auto* m = reinterpret_cast<Module*>(module);
+    unregister_module(m);
+    delete m;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t index, size_t* offset, size_t* size) {
+  return api("cuFuncGetParamInfo", "cuFuncGetParamInfo", kNone, [&](Call& c) {
+    c.ptr("func", func).dec("index", index);
+    FC_CHECK(c);
+    if (!func || !offset || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_function(func)) return CUDA_ERROR_INVALID_HANDLE;
+    auto* f = reinterpret_cast<const Function*>(func);
+    if (index >= f->sizes.size()) return CUDA_ERROR_INVALID_VALUE;
+    *offset = f->offsets[index];
+    *size = f->sizes[index];
+    c.dec("offset", *offset).dec("size", *size);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void** params,
+                                void** extra) {
+  return api("cuLaunchKernel", "cuLaunchKernel", kCtx,
+             [&](Call& c) { return launch_kernel(c, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
+}
+CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                     unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                     CUstream s, void** params, void** extra) {
+  return api("cuLaunchKernel_ptsz", "cuLaunchKernel", kCtx,
+             [&](Call& c) { return launch_kernel(c, f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
+}
+CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  return api("cuLaunchKernelEx", "cuLaunchKernelEx", kCtx,
+             [&](Call& c) { return launch_ex(c, config, f, params, extra); });
+}
+CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  return api("cuLaunchKernelEx_ptsz", "cuLaunchKernelEx", kCtx,
+             [&](Call& c) { return launch_ex(c, config, f, params, extra); });
+}
+CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                           unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                           CUstream s, void** params) {
+  return api("cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", kCtx,
+             [&](Call& c) { return launch_kernel(c, f, gx, gy, gz, bx, by, bz, shmem, s, params, nullptr); });
+}
+CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                unsigned int bx, unsigned int by, unsigned int bz,
+                                                unsigned int shmem, CUstream s, void** params) {
+  return api("cuLaunchCooperativeKernel_ptsz", "cuLaunchCooperativeKernel", kCtx,
+             [&](Call& c) { return launch_kernel(c, f, gx, gy, gz, bx, by, bz, shmem, s, params, nullptr); });
+}
+
+// ---- graphs (opaque: a captured graph is not replayed) -------------------------------------------
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec exec, CUstream s) {
+  return api("cuGraphLaunch", "cuGraphLaunch", kCtx, [&](Call& c) { return graph_launch(c, exec, s); });
+}
+CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
+  return api("cuGraphLaunch_ptsz", "cuGraphLaunch", kCtx, [&](Call& c) { return graph_launch(c, exec, s); });
+}
+
+CUresult CUDAAPI cuGraphDestroy(CUgraph graph) {
+  return api("cuGraphDestroy", "cuGraphDestroy", kNone, [&](Call& c) {
+    c.ptr("graph", graph);
+    FC_CHECK(c);
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    return delete_handle(graph, "graph") ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+  return api("cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags", kCtx, [&](Call& c) {
+    c.ptr("graph", graph).dec("flags", flags);
+    FC_CHECK(c);
+    if (!exec || !graph) return CUDA_ERROR_INVALID_VALUE;
+    *exec = static_cast<CUgraphExec>(new_handle("graph_exec"));
+    c.ptr("exec", *exec);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec exec) {
+  return api("cuGraphExecDestroy", "cuGraphExecDestroy", kNone, [&](Call& c) {
+    c.ptr("exec", exec);
+    FC_CHECK(c);
+    if (!exec) return CUDA_ERROR_INVALID_VALUE;
+    delete_handle(exec, "graph_exec");  // foreign non-null handles are accepted, as by cuGraphLaunch
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- IPC: legacy handles exist only for cuMemAlloc'd memory ----------------------------------------
+CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  return api("cuIpcGetMemHandle", "cuIpcGetMemHandle", kCtx, [&](Call& c) {
+    c.hex("dptr", dptr);
+    FC_CHECK(c);
+    Alloc a;
+    if (!handle || !find(dptr, &a)) return CUDA_ERROR_INVALID_VALUE;
+    c.str("kind", kind_name(a.kind));
+    if (a.kind != Kind::Device) return CUDA_ERROR_INVALID_VALUE;
+    std::memset(handle, 0, sizeof *handle);
+    uint64_t words[3] = {0xfa4ecda0ull, a.base, static_cast<uint64_t>(::getpid())};
+    std::memcpy(handle->reserved, words, sizeof words);
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- virtual memory management -------------------------------------------------------------------
+// A physical handle counts against FAKECUDA_TOTAL_MEMORY; a reservation is anonymous host
+// memory; cuMemMap registers the range as kind vmm (two mappings of one handle do not alias).
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                             unsigned long long flags) {
+  return api("cuMemCreate", "cuMemCreate", kCtx | kAlloc, [&](Call& c) {
+    c.dec("size", size).dec("flags", flags);
+    FC_CHECK(c);
+    if (!handle || !prop || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!reserve_device_bytes(size)) return CUDA_ERROR_OUT_OF_MEMORY;
+    *handle = reinterpret_cast<uintptr_t>(new_handle("vmm", size));
+    c.hex("handle", *handle);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
+  return api("cuMemRelease", "cuMemRelease", kCtx, [&](Call& c) {
+    c.hex("handle", handle);
+    FC_CHECK(c);
+    auto* h = reinterpret_cast<void*>(handle);
+    uint64_t size = 0;
+    if (!handle_is(h, "vmm", &size)) return CUDA_ERROR_INVALID_VALUE;
+    delete_handle(h, "vmm");
+    release_device_bytes(size);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr hint,
+                                     unsigned long long flags) {
+  return api("cuMemAddressReserve", "cuMemAddressReserve", kCtx, [&](Call& c) {
+    c.dec("size", size).dec("alignment", alignment).hex("addr", hint).dec("flags", flags);
+    FC_CHECK(c);
+    if (!ptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    size_t align = std::max<size_t>(alignment, 4096);
+    if (align & (align - 1) || size > SIZE_MAX - align) return CUDA_ERROR_INVALID_VALUE;
+    void* m = ::mmap(nullptr, size + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    uintptr_t base = (addr(m) + align - 1) & ~(align - 1);  // trim to the requested alignment
+    if (base > addr(m)) ::munmap(m, base - addr(m));
+    size_t tail = addr(m) + size + align - (base + size);
+    if (tail) ::munmap(as_ptr(base + size), tail);
+    {
+      std::lock_guard lock(g_vmm_mutex);
+      g_reservations[base] = size;
+    }
+    *ptr = base;
+    c.hex("ptr", base);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  return api("cuMemAddressFree", "cuMemAddressFree", kCtx, [&](Call& c) {
+    c.hex("ptr", ptr).dec("size", size);
+    FC_CHECK(c);
+    std::lock_guard lock(g_vmm_mutex);
+    auto it = g_reservations.find(ptr);
+    if (it == g_reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+    ::munmap(as_ptr(ptr), size);
+    g_reservations.erase(it);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                          unsigned long long flags) {
+  return api("cuMemMap", "cuMemMap", kCtx, [&](Call& c) {
+    c.hex("ptr", ptr).dec("size", size).dec("offset", offset).hex("handle", handle).dec("flags", flags);
+    FC_CHECK(c);
+    uint64_t handle_size = 0;
+    if (size == 0 || flags != 0 || !handle_is(reinterpret_cast<void*>(handle), "vmm", &handle_size))
+      return CUDA_ERROR_INVALID_VALUE;
+    if (offset > handle_size || size > handle_size - offset || !in_reservation(ptr, size))
+      return CUDA_ERROR_INVALID_VALUE;
+    if (find(ptr, nullptr) || find(ptr + size - 1, nullptr)) return CUDA_ERROR_INVALID_VALUE;  // already mapped
+    add_vmm_mapping(ptr, size);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  return api("cuMemUnmap", "cuMemUnmap", kCtx, [&](Call& c) {
+    c.hex("ptr", ptr).dec("size", size);
+    FC_CHECK(c);
+    Alloc a;
+    if (!find(ptr, &a) || a.kind != Kind::Vmm || a.base != ptr || a.size != size) return CUDA_ERROR_INVALID_VALUE;
+    remove_vmm_mapping(ptr);
+    ::madvise(as_ptr(ptr), size, MADV_DONTNEED);  // contents are gone, as on a GPU
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  return api("cuMemSetAccess", "cuMemSetAccess", kCtx, [&](Call& c) {
+    c.hex("ptr", ptr).dec("size", size).dec("count", count);
+    FC_CHECK(c);
+    if (!desc || count == 0 || !covers(ptr, size, [](Kind k) { return k == Kind::Vmm; }))
+      return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; ++i)
+      if (!valid_location(desc[i].location)) return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- errors, export tables -------------------------------------------------------------------------
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char** str) {
+  return api("cuGetErrorString", "cuGetErrorString", kNoInit, [&](Call& c) {
+    c.sdec("error", error);
+    FC_CHECK(c);
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    const ErrorText* e = error_text(error);
+    *str = e ? e->text : nullptr;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char** str) {
+  return api("cuGetErrorName", "cuGetErrorName", kNoInit, [&](Call& c) {
+    c.sdec("error", error);
+    FC_CHECK(c);
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    const ErrorText* e = error_text(error);
+    *str = e ? e->name : nullptr;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  });
+}
+
+CUresult CUDAAPI cuGetExportTable(const void** table, const CUuuid* id) {
+  return api("cuGetExportTable", "cuGetExportTable", kNoInit, [&](Call& c) {
+    c.ptr("id", id);
+    FC_CHECK(c);
+    if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
+    *table = nullptr;
+    return CUDA_ERROR_NOT_SUPPORTED;  // private runtime tables: the reason tests use a fake runtime
+  });
+}
+
+// ---- test helpers (not CUDA) -----------------------------------------------------------------------
+// Re-reads FAKECUDA_* (resets FAKECUDA_FAIL counters, reopens FAKECUDA_LOG).
+FAKECUDA_EXPORT void fakecuda_reload_config(void) {
+  try {
+    reload_config();
+  } catch (...) {
+  }
+}
+
+// Most recent launch: copies the kernel name and up to max parameter values (each the
+// little-endian value of its first 8 bytes). Returns the parameter count, or -1 if none.
+FAKECUDA_EXPORT int fakecuda_last_launch(char* name, size_t name_len, uint64_t* params, size_t max) {
+  std::lock_guard lock(g_launch_mutex);
+  if (!g_launched) return -1;
+  if (name && name_len) std::snprintf(name, name_len, "%s", g_last_name.c_str());
+  for (size_t i = 0; params && i < max && i < g_last_params.size(); ++i) params[i] = g_last_params[i];
+  return static_cast<int>(g_last_params.size());
+}
+
+}  // extern "C"

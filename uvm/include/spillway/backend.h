@@ -1,0 +1,52 @@
+// The world the Engine acts on (DESIGN §1): the real driver in the shim (CudaBackend,
+// interpose/cuda_backend.h), a simulated GPU in the simulator (uvm/sim). The Engine and the
+// Policies never call CUDA themselves.
+#pragma once
+
+#include <cstdint>
+
+#include "spillway/types.h"
+
+namespace spillway {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // GPU memory as the device reports it (cuMemGetInfo), in bytes.
+  virtual Result memory_info(std::uint64_t* free_bytes, std::uint64_t* total_bytes) = 0;
+  // Host RAM in bytes (the base of SPILLWAY_MAX_MANAGED's percentage).
+  virtual std::uint64_t host_memory_bytes() = 0;
+  // Whether the device can page managed memory on demand
+  // (CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS). Where it cannot (WSL2, Windows,
+  // pre-Pascal GPUs), managed memory cannot overflow and the shim passes allocations through.
+  virtual bool concurrent_managed_access() = 0;
+  // The device of the calling thread's current context (where allocations land).
+  virtual int current_device() = 0;
+
+  // Allocates `bytes` of managed memory attached globally (cuMemAllocManaged with
+  // CU_MEM_ATTACH_GLOBAL); stores its address in *addr. Status::out_of_memory when the
+  // driver is out of memory.
+  virtual Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) = 0;
+  // Releases a managed block (cuMemFree). Not stream-ordered: callers wait first.
+  virtual Result free_managed(std::uint64_t addr) = 0;
+
+  // Moves [addr, addr+bytes) to `to` on the Backend's own copy stream for that direction
+  // (cuMemPrefetchAsync). Asynchronous.
+  virtual Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) = 0;
+  // Sets or clears advice on [addr, addr+bytes) (cuMemAdvise).
+  virtual Result advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) = 0;
+
+  // Stream ordering for deferred frees. is_capturing: whether `stream` is being captured
+  // into a graph (then nothing may be issued on it). record_event: an event that completes
+  // when the work issued to `stream` so far completes. event_done: true once it has;
+  // Status::not_ready while pending. destroy_event: releases it.
+  virtual bool is_capturing(StreamHandle stream) = 0;
+  virtual Result record_event(StreamHandle stream, EventHandle* event) = 0;
+  virtual Result event_done(EventHandle event) = 0;
+  virtual void destroy_event(EventHandle event) = 0;
+  // Blocks until `event` completes (used when memory is short and at exit).
+  virtual Result wait_event(EventHandle event) = 0;
+};
+
+}  // namespace spillway

@@ -1,0 +1,70 @@
+// Spillway's settings, read once from SPILLWAY_* environment variables (DESIGN §7).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spillway/log.h"
+
+namespace spillway {
+
+enum class ReportMemory { physical, virtual_ };
+
+// A size that may be absolute or relative to a total known only later (GPU or host RAM).
+struct SizeSetting {
+  std::uint64_t bytes = 0;   // used when percent == 0
+  double percent = 0.0;      // share of the total, 0 < percent <= 100
+  bool unset = true;         // "physical" / no limit given
+
+  // Resolves against `total` bytes; an unset setting resolves to `total`.
+  std::uint64_t resolve(std::uint64_t total) const;
+};
+
+struct Config {
+  std::string policy = "demand";
+  SizeSetting budget;                      // unset: the physical free memory at start
+  SizeSetting max_managed{0, 80.0, false};  // of host RAM
+  std::vector<std::string> exclude{"libnccl"};
+  ReportMemory report_memory = ReportMemory::physical;
+  LogLevel log_level = LogLevel::warn;
+  std::string report_path;
+  bool disable = false;
+};
+
+// One row of config.def, for help texts and docs.
+struct OptionInfo {
+  std::string_view field;
+  std::string_view variable;
+  std::string_view default_text;
+  std::string_view accepted;
+  std::string_view meaning;
+};
+const std::vector<OptionInfo>& option_table();
+
+struct ConfigError {
+  std::string variable;
+  std::string value;
+  std::string message;  // one line: "invalid value 'x' for SPILLWAY_Y: expected ..."
+};
+
+struct ConfigResult {
+  Config config;
+  std::vector<ConfigError> errors;  // empty when every variable was valid
+};
+
+// Reads every SPILLWAY_* variable through `lookup` (getenv by default). Unset or empty
+// variables keep their defaults. An invalid value is reported in `errors` (the field keeps
+// its default); the shim then passes everything through. Policy names are checked against
+// `policy_names`. Thread-safe if `lookup` is. Never throws for bad input.
+ConfigResult read_config(const std::vector<std::string_view>& policy_names,
+                         const std::function<const char*(const char*)>& lookup = nullptr);
+
+// Parses one variable's value into `config`; returns the error message, empty if valid.
+// `variable` is e.g. "SPILLWAY_BUDGET". Used by `spillway run` to check options before exec.
+std::string set_option(Config& config, std::string_view variable, std::string_view value,
+                       const std::vector<std::string_view>& policy_names);
+
+}  // namespace spillway

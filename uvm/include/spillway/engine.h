@@ -1,0 +1,127 @@
+// The Engine (DESIGN §3): the allocation table, the GPU budget, the host cap, deferred
+// stream-ordered frees and the statistics; it asks its Policy what to do and tells its
+// Backend to do it. The shim runs one Engine over a CudaBackend; the simulator runs one over
+// a SimBackend.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spillway/allocation_table.h"
+#include "spillway/backend.h"
+#include "spillway/config.h"
+#include "spillway/policy.h"
+
+namespace spillway {
+
+// Counters kept by the Engine. Bytes are bytes, counts are events.
+struct Stats {
+  std::uint64_t allocations_redirected = 0;   // device allocations made managed
+  std::uint64_t allocations_passed_through = 0;  // left to the driver (excluded, pool, VMM, ...)
+  std::uint64_t allocations_excluded = 0;     // of those, because of SPILLWAY_EXCLUDE
+  std::uint64_t allocations_refused = 0;      // over SPILLWAY_MAX_MANAGED: out-of-memory
+  std::uint64_t frees = 0;                    // managed blocks released
+  std::uint64_t frees_deferred = 0;           // of those, stream-ordered frees that waited for an event
+  std::uint64_t managed_bytes = 0;            // live managed bytes now (incl. deferred frees)
+  std::uint64_t peak_managed_bytes = 0;
+  std::uint64_t peak_over_budget_bytes = 0;   // max(managed - budget, 0) over time
+  std::uint64_t prefetch_to_gpu_bytes = 0;
+  std::uint64_t evict_to_cpu_bytes = 0;       // prefetches toward the host
+  std::uint64_t advise_calls = 0;
+  std::uint64_t backend_errors = 0;           // prefetch/advise/event calls the Backend refused
+  std::uint64_t budget_bytes = 0;
+  std::uint64_t max_managed_bytes = 0;
+  std::uint64_t physical_total_bytes = 0;
+  std::string policy;
+};
+
+class Engine {
+ public:
+  // `policy` must not be null. Nothing is asked of `backend` until the first allocation.
+  Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Reads the device's facts once (memory, concurrent managed access) and resolves the
+  // budget = min(physical free, SPILLWAY_BUDGET) and the cap. Called by allocate() on
+  // first use; safe to call from several threads. Returns false when managed memory cannot
+  // overflow on this device: the caller then passes allocations through (and the Engine
+  // has logged one warning).
+  bool start();
+  bool usable();  // start() has succeeded (calls it if needed)
+
+  // Allocates `bytes` of managed memory for a device allocation of `kind` and records it.
+  // Status::out_of_memory when the host cap would be passed (after waiting for deferred
+  // frees) or the Backend is out of memory; Status::invalid_value for 0 bytes.
+  // Thread-safe.
+  Result allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream, std::uint64_t* addr);
+
+  // Releases the managed block based exactly at `addr`. With `stream`, the release is
+  // stream-ordered (cuMemFreeAsync): it waits for an event recorded on that stream, and
+  // while the stream is capturing nothing is issued on it (the event is recorded once
+  // capture has ended). *ours is false when `addr` is no block of ours: the caller passes
+  // the call through untouched. Thread-safe.
+  Result release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours);
+
+  // The live block containing `addr`. Thread-safe, allocation-free.
+  std::optional<Block> find(std::uint64_t addr) const { return table_.find(addr); }
+  bool owns_base(std::uint64_t addr) const { return table_.find_base(addr).has_value(); }
+
+  // Records an allocation left to the driver (excluded library, non-default pool, ...).
+  void note_passed_through(bool excluded);
+
+  // Releases deferred frees whose events have completed; with `wait`, waits for all.
+  void reclaim(bool wait);
+
+  std::uint64_t budget_bytes() const { return budget_.load(std::memory_order_relaxed); }
+  std::uint64_t max_managed_bytes() const { return max_managed_.load(std::memory_order_relaxed); }
+  std::uint64_t managed_bytes() const { return managed_bytes_.load(std::memory_order_relaxed); }
+  const Config& config() const { return config_; }
+  std::size_t live_blocks() const { return table_.size(); }
+
+  Stats stats() const;
+
+ private:
+  struct PendingFree {
+    std::uint64_t addr;
+    std::uint64_t bytes;
+    StreamHandle stream;
+    EventHandle event;  // 0 while the stream was capturing
+  };
+  class EngineActions;
+
+  bool reserve(std::uint64_t bytes);
+  void unreserve(std::uint64_t bytes);
+  void finish_release(std::uint64_t addr, std::uint64_t bytes, bool deferred);
+  void run_policy_alloc(const Block& block);
+  void run_policy_free(const Block& block);
+
+  Config config_;
+  Backend& backend_;
+  std::unique_ptr<Policy> policy_;
+  AllocationTable table_;
+
+  std::once_flag start_once_;
+  std::atomic<int> start_state_{0};  // 0 not started, 1 usable, 2 not usable
+  std::atomic<std::uint64_t> budget_{0};
+  std::atomic<std::uint64_t> max_managed_{0};
+  std::atomic<std::uint64_t> physical_total_{0};
+  int device_ = 0;
+
+  std::atomic<std::uint64_t> next_id_{1};
+  std::atomic<std::uint64_t> managed_bytes_{0};
+  std::atomic<std::uint64_t> peak_managed_{0};
+  std::atomic<bool> has_pending_{false};
+
+  mutable std::mutex mutex_;  // guards policy_, pending_ and the counters below
+  std::vector<PendingFree> pending_;
+  Stats counters_;
+};
+
+}  // namespace spillway

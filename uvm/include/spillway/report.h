@@ -1,0 +1,22 @@
+// The statistics report printed at exit (SPILLWAY_LOG=info) and written as JSON
+// (SPILLWAY_REPORT=path).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "spillway/engine.h"
+
+namespace spillway {
+
+// A short human table, one "name  value" line per row, no trailing newline.
+std::string stats_table(const Stats& stats);
+// The same figures as JSON: {"policy": ..., "allocations": {...}, "bytes": {...}}; byte
+// counts are integers in bytes.
+nlohmann::json stats_json(const Stats& stats);
+// Writes stats_json() to `path` (replacing it). Returns an empty string, or a one-line
+// error naming the file and the reason. Never throws.
+std::string write_report(const std::string& path, const Stats& stats);
+
+}  // namespace spillway

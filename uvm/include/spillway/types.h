@@ -1,0 +1,53 @@
+// Vocabulary shared by the Engine, the Policies and the Backends (DESIGN §1, §3).
+#pragma once
+
+#include <cstdint>
+
+namespace spillway {
+
+// The driver's VA block / root chunk: residency is tracked per 2 MiB chunk
+// (kernel-open/nvidia-uvm/uvm_va_block_types.h, UVM_VA_BLOCK_SIZE).
+inline constexpr std::uint64_t kChunkBytes = 2ull << 20;
+
+// Opaque handles of the world the Backend drives: a CUstream / CUevent in the shim, an index
+// in the simulator. 0 is the legacy default stream.
+using StreamHandle = std::uint64_t;
+using EventHandle = std::uint64_t;
+
+enum class Location { gpu, cpu };
+
+enum class Advice {
+  preferred_location,        // CU_MEM_ADVISE_SET_PREFERRED_LOCATION
+  unset_preferred_location,  // CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION
+  accessed_by,               // CU_MEM_ADVISE_SET_ACCESSED_BY
+  unset_accessed_by,         // CU_MEM_ADVISE_UNSET_ACCESSED_BY
+  read_mostly,               // CU_MEM_ADVISE_SET_READ_MOSTLY
+  unset_read_mostly,         // CU_MEM_ADVISE_UNSET_READ_MOSTLY
+};
+
+// Which API family produced a block (for statistics and the trace's `kind`).
+enum class AllocKind { alloc, pitch, async, pool_async, runtime, runtime_pitch, runtime_async };
+const char* to_string(AllocKind kind);
+
+// Outcome of a Backend or Engine call. `native` keeps the driver's own code (a CUresult in
+// the shim) so hooks can hand back exactly what the driver said.
+enum class Status { ok, out_of_memory, invalid_value, not_supported, not_ready, error };
+struct Result {
+  Status status = Status::ok;
+  int native = 0;
+  bool ok() const { return status == Status::ok; }
+};
+
+// One live managed block in the Engine's allocation table.
+struct Block {
+  std::uint64_t base = 0;
+  std::uint64_t bytes = 0;   // as requested (pitch: pitch * height)
+  std::uint64_t id = 0;      // 1, 2, ... in allocation order
+  AllocKind kind = AllocKind::alloc;
+  StreamHandle stream = 0;   // the stream of a stream-ordered allocation, else 0
+  int device = 0;
+  std::uint64_t end() const { return base + bytes; }
+  bool contains(std::uint64_t addr) const { return addr >= base && addr - base < bytes; }
+};
+
+}  // namespace spillway

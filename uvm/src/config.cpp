@@ -1,0 +1,184 @@
+#include "spillway/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "spillway/size.h"
+
+namespace spillway {
+
+std::uint64_t SizeSetting::resolve(std::uint64_t total) const {
+  if (unset) return total;
+  if (percent > 0.0) return static_cast<std::uint64_t>(std::floor(static_cast<double>(total) * percent / 100.0));
+  return bytes;
+}
+
+namespace {
+
+std::string trimmed(std::string_view s) {
+  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return std::string(s);
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+// Each parse_<field> returns true when `value` is valid and stores it.
+using Names = std::vector<std::string_view>;
+
+bool parse_policy(Config& c, std::string_view value, const Names& names) {
+  std::string v = lower(trimmed(value));
+  if (std::find(names.begin(), names.end(), v) == names.end()) return false;
+  c.policy = v;
+  return true;
+}
+
+// A size or a percentage. `keyword` (if not empty) means "unset".
+bool parse_size_setting(SizeSetting& out, std::string_view value, std::string_view keyword) {
+  std::string v = trimmed(value);
+  if (!keyword.empty() && lower(v) == keyword) {
+    out = SizeSetting{};
+    return true;
+  }
+  if (!v.empty() && v.back() == '%') {
+    // Parse the percentage against a nominal total of 100 * 2^40 to keep precision.
+    auto n = parse_size(v, 100ull << 40);
+    if (!n || *n == 0) return false;
+    out = SizeSetting{0, static_cast<double>(*n) / static_cast<double>(1ull << 40), false};
+    return true;
+  }
+  auto n = parse_size(v);
+  if (!n || *n == 0) return false;
+  out = SizeSetting{*n, 0.0, false};
+  return true;
+}
+
+bool parse_budget(Config& c, std::string_view value, const Names&) {
+  return parse_size_setting(c.budget, value, "physical");
+}
+
+bool parse_max_managed(Config& c, std::string_view value, const Names&) {
+  return parse_size_setting(c.max_managed, value, "");
+}
+
+bool parse_exclude(Config& c, std::string_view value, const Names&) {
+  std::vector<std::string> libs;
+  std::string v = trimmed(value);
+  if (lower(v) == "none") {
+    c.exclude.clear();
+    return true;
+  }
+  std::size_t start = 0;
+  while (start <= v.size()) {
+    std::size_t comma = v.find(',', start);
+    if (comma == std::string::npos) comma = v.size();
+    std::string item = trimmed(std::string_view(v).substr(start, comma - start));
+    if (item.empty()) return false;
+    if (item.find('/') != std::string::npos && item.front() != '/') return false;
+    libs.push_back(item);
+    start = comma + 1;
+  }
+  if (libs.empty()) return false;
+  c.exclude = std::move(libs);
+  return true;
+}
+
+bool parse_report_memory(Config& c, std::string_view value, const Names&) {
+  std::string v = lower(trimmed(value));
+  if (v == "physical") c.report_memory = ReportMemory::physical;
+  else if (v == "virtual") c.report_memory = ReportMemory::virtual_;
+  else return false;
+  return true;
+}
+
+bool parse_log_level(Config& c, std::string_view value, const Names&) {
+  std::string v = lower(trimmed(value));
+  if (v == "error") c.log_level = LogLevel::error;
+  else if (v == "warn" || v == "warning") c.log_level = LogLevel::warn;
+  else if (v == "info") c.log_level = LogLevel::info;
+  else if (v == "debug") c.log_level = LogLevel::debug;
+  else return false;
+  return true;
+}
+
+bool parse_report_path(Config& c, std::string_view value, const Names&) {
+  c.report_path = trimmed(value);
+  return !c.report_path.empty();
+}
+
+bool parse_disable(Config& c, std::string_view value, const Names&) {
+  std::string v = lower(trimmed(value));
+  if (v == "1" || v == "true" || v == "yes") c.disable = true;
+  else if (v == "0" || v == "false" || v == "no") c.disable = false;
+  else return false;
+  return true;
+}
+
+struct Row {
+  OptionInfo info;
+  bool (*parse)(Config&, std::string_view, const Names&);
+};
+
+const std::vector<Row>& rows() {
+  static const std::vector<Row> table{
+#define SPILLWAY_OPTION(field, variable, default_text, accepted, meaning) \
+  Row{OptionInfo{#field, variable, default_text, accepted, meaning}, &parse_##field},
+#include "spillway/config.def"
+#undef SPILLWAY_OPTION
+  };
+  return table;
+}
+
+std::string accepted_text(const Row& row, const Names& policy_names) {
+  if (row.info.field != "policy") return std::string(row.info.accepted);
+  return fmt::format("one of {}", fmt::join(policy_names, ", "));
+}
+
+}  // namespace
+
+const std::vector<OptionInfo>& option_table() {
+  static const std::vector<OptionInfo> table = [] {
+    std::vector<OptionInfo> out;
+    for (const Row& r : rows()) out.push_back(r.info);
+    return out;
+  }();
+  return table;
+}
+
+std::string set_option(Config& config, std::string_view variable, std::string_view value,
+                       const std::vector<std::string_view>& policy_names) {
+  for (const Row& row : rows()) {
+    if (row.info.variable != variable) continue;
+    Config candidate = config;
+    if (row.parse(candidate, value, policy_names)) {
+      config = std::move(candidate);
+      return {};
+    }
+    return fmt::format("invalid value '{}' for {}: expected {}", value, variable,
+                       accepted_text(row, policy_names));
+  }
+  return fmt::format("unknown setting {}", variable);
+}
+
+ConfigResult read_config(const std::vector<std::string_view>& policy_names,
+                         const std::function<const char*(const char*)>& lookup) {
+  ConfigResult result;
+  for (const Row& row : rows()) {
+    std::string variable(row.info.variable);
+    const char* raw = lookup ? lookup(variable.c_str()) : std::getenv(variable.c_str());
+    if (raw == nullptr || *raw == '\0') continue;
+    std::string message = set_option(result.config, variable, raw, policy_names);
+    if (!message.empty()) result.errors.push_back(ConfigError{variable, raw, std::move(message)});
+  }
+  return result;
+}
+
+}  // namespace spillway

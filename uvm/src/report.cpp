@@ -1,0 +1,71 @@
+#include "spillway/report.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "spillway/size.h"
+
+namespace spillway {
+
+std::string stats_table(const Stats& s) {
+  std::string out;
+  auto row = [&out](std::string_view name, const std::string& value) {
+    if (!out.empty()) out += '\n';
+    out += fmt::format("  {:<28} {}", name, value);
+  };
+  out = fmt::format("report (policy {})", s.policy);
+  row("allocations redirected", fmt::format("{}", s.allocations_redirected));
+  row("allocations passed through", fmt::format("{} ({} excluded)", s.allocations_passed_through, s.allocations_excluded));
+  row("allocations refused (cap)", fmt::format("{}", s.allocations_refused));
+  row("frees", fmt::format("{} ({} stream-ordered)", s.frees, s.frees_deferred));
+  row("peak managed", format_bytes(s.peak_managed_bytes));
+  row("peak over budget", format_bytes(s.peak_over_budget_bytes));
+  row("budget / managed cap", fmt::format("{} / {}", format_bytes(s.budget_bytes), format_bytes(s.max_managed_bytes)));
+  row("prefetched to GPU", format_bytes(s.prefetch_to_gpu_bytes));
+  row("evicted to host", format_bytes(s.evict_to_cpu_bytes));
+  row("advise calls", fmt::format("{}", s.advise_calls));
+  if (s.backend_errors) row("driver calls refused", fmt::format("{}", s.backend_errors));
+  return out;
+}
+
+nlohmann::json stats_json(const Stats& s) {
+  return nlohmann::json{
+      {"policy", s.policy},
+      {"allocations",
+       {{"redirected", s.allocations_redirected},
+        {"passed_through", s.allocations_passed_through},
+        {"excluded", s.allocations_excluded},
+        {"refused", s.allocations_refused},
+        {"frees", s.frees},
+        {"frees_deferred", s.frees_deferred}}},
+      {"bytes",
+       {{"managed_now", s.managed_bytes},
+        {"peak_managed", s.peak_managed_bytes},
+        {"peak_over_budget", s.peak_over_budget_bytes},
+        {"budget", s.budget_bytes},
+        {"max_managed", s.max_managed_bytes},
+        {"gpu_total", s.physical_total_bytes},
+        {"prefetched_to_gpu", s.prefetch_to_gpu_bytes},
+        {"evicted_to_host", s.evict_to_cpu_bytes}}},
+      {"advise_calls", s.advise_calls},
+      {"driver_calls_refused", s.backend_errors},
+  };
+}
+
+std::string write_report(const std::string& path, const Stats& stats) {
+  try {
+    std::ofstream out(path, std::ios::trunc);
+    if (!out) return fmt::format("cannot write SPILLWAY_REPORT file '{}': {}", path, std::strerror(errno));
+    out << stats_json(stats).dump(2) << '\n';
+    out.close();
+    if (!out) return fmt::format("cannot write SPILLWAY_REPORT file '{}': write failed", path);
+    return {};
+  } catch (const std::exception& e) {
+    return fmt::format("cannot write SPILLWAY_REPORT file '{}': {}", path, e.what());
+  }
+}
+
+}  // namespace spillway
