@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "core.h"
@@ -192,8 +193,11 @@ CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUst
   auto* fn = reinterpret_cast<const Function*>(f);
   c.ptr("func", f);
   if (f && valid_function(f)) c.str("name", fn->name.c_str());
-  c.str("grid", (std::to_string(grid[0]) + "," + std::to_string(grid[1]) + "," + std::to_string(grid[2])).c_str());
-  c.str("block", (std::to_string(block[0]) + "," + std::to_string(block[1]) + "," + std::to_string(block[2])).c_str());
+  char dims[48];
+  std::snprintf(dims, sizeof dims, "%u,%u,%u", grid[0], grid[1], grid[2]);
+  c.str("grid", dims);
+  std::snprintf(dims, sizeof dims, "%u,%u,%u", block[0], block[1], block[2]);
+  c.str("block", dims);
   c.stream(stream);
   FC_CHECK(c);
   if (!f) return CUDA_ERROR_INVALID_VALUE;
@@ -217,7 +221,9 @@ CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUst
     else if (buffer && fn->offsets[i] + fn->sizes[i] <= buffer_size) p = buffer + fn->offsets[i];
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     values.push_back(load_le(p, fn->sizes[i]));
-    c.hex(("p" + std::to_string(i)).c_str(), values.back());
+    char key[24];
+    std::snprintf(key, sizeof key, "p%zu", i);
+    c.hex(key, values.back());
   }
   {
     std::lock_guard lock(g_launch_mutex);

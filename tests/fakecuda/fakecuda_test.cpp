@@ -1,0 +1,485 @@
+// Tests of fakecuda, the fake CUDA driver (libcuda.so.1) and runtime (libcudart.so.13)
+// that Spillway's GPU-less tests run against. Expected values come from the CUDA 13.0
+// headers (cuda.h, cuda_runtime_api.h) and from the fake's documented behaviour (README.md).
+#define __CUDA_API_VERSION_INTERNAL 1  // declares the versioned and v1 names too
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <link.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <atomic>
+#include <vector>
+
+extern "C" void fakecuda_reload_config(void);
+extern "C" int fakecuda_last_launch(char* name, size_t name_len, uint64_t* params, size_t max);
+
+namespace {
+
+const char* const kVars[] = {"FAKECUDA_TOTAL_MEMORY", "FAKECUDA_CONCURRENT_MANAGED_ACCESS", "FAKECUDA_ASYNC",
+                             "FAKECUDA_LOG", "FAKECUDA_FAIL"};
+
+void* driver() {
+  static void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  return h;
+}
+
+// Must run first in the process (declaration order): nothing has called cuInit yet.
+TEST(FakeCudaInit, CallsBeforeCuInitFail) {
+  int version = 0;
+  EXPECT_EQ(cuDriverGetVersion(&version), CUDA_SUCCESS);
+  EXPECT_EQ(version, 13000);
+  CUdeviceptr p = 0;
+  EXPECT_EQ(cuMemAlloc_v2(&p, 256), CUDA_ERROR_NOT_INITIALIZED);
+  EXPECT_EQ(cuInit(0), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAlloc_v2(&p, 256), CUDA_ERROR_INVALID_CONTEXT);  // no current context yet
+}
+
+class FakeCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kVars) unsetenv(v);
+    fakecuda_reload_config();
+    ASSERT_EQ(cuInit(0), CUDA_SUCCESS);
+    CUcontext ctx = nullptr;
+    ASSERT_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+    ASSERT_EQ(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+  }
+  void TearDown() override {
+    for (const char* v : kVars) unsetenv(v);
+    fakecuda_reload_config();
+    if (!log_.empty()) unlink(log_.c_str());
+  }
+  void Configure(const char* var, const char* value) {
+    setenv(var, value, 1);
+    fakecuda_reload_config();
+  }
+  void StartLog() {
+    log_ = "/tmp/fakecuda_test_" + std::to_string(getpid()) + ".log";
+    unlink(log_.c_str());
+    Configure("FAKECUDA_LOG", log_.c_str());
+  }
+  std::vector<std::string> LogLines() {
+    std::ifstream in(log_);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  }
+  size_t FreeBytes() {
+    size_t free = 0, total = 0;
+    EXPECT_EQ(cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
+    return free;
+  }
+  std::string log_;
+};
+
+void* proc(const char* name, int version, cuuint64_t flags, CUdriverProcAddressQueryResult* status = nullptr) {
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult st{};
+  cuGetProcAddress_v2(name, &fn, version, flags, status ? status : &st);
+  return fn;
+}
+
+TEST_F(FakeCuda, GetProcAddressPicksTheVersionedSymbol) {
+  void* h = driver();
+  ASSERT_NE(h, nullptr);
+  const cuuint64_t ptsz = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  EXPECT_EQ(proc("cuMemAlloc", 3020, 0), dlsym(h, "cuMemAlloc_v2"));
+  EXPECT_EQ(proc("cuMemAlloc", 13000, ptsz), dlsym(h, "cuMemAlloc_v2"));  // no ptsz form: flag ignored
+  EXPECT_EQ(proc("cuMemAlloc", 2000, 0), dlsym(h, "cuMemAlloc"));
+  EXPECT_NE(dlsym(h, "cuMemAlloc"), dlsym(h, "cuMemAlloc_v2"));
+  EXPECT_EQ(proc("cuMemGetInfo", 3010, 0), dlsym(h, "cuMemGetInfo"));
+  EXPECT_EQ(proc("cuMemAllocAsync", 11020, 0), dlsym(h, "cuMemAllocAsync"));
+  EXPECT_EQ(proc("cuMemAllocAsync", 13000, ptsz), dlsym(h, "cuMemAllocAsync_ptsz"));
+  EXPECT_EQ(proc("cuMemPrefetchAsync", 8000, 0), dlsym(h, "cuMemPrefetchAsync"));
+  EXPECT_EQ(proc("cuMemPrefetchAsync", 12010, ptsz), dlsym(h, "cuMemPrefetchAsync_ptsz"));
+  EXPECT_EQ(proc("cuMemPrefetchAsync", 12020, 0), dlsym(h, "cuMemPrefetchAsync_v2"));
+  EXPECT_EQ(proc("cuMemPrefetchAsync", 13000, ptsz), dlsym(h, "cuMemPrefetchAsync_v2_ptsz"));
+  EXPECT_EQ(proc("cuMemAdvise", 8000, 0), dlsym(h, "cuMemAdvise"));
+  EXPECT_EQ(proc("cuMemAdvise", 12020, 0), dlsym(h, "cuMemAdvise_v2"));
+  EXPECT_EQ(proc("cuGetProcAddress", 11030, 0), dlsym(h, "cuGetProcAddress"));
+  EXPECT_EQ(proc("cuGetProcAddress", 12000, 0), dlsym(h, "cuGetProcAddress_v2"));
+  EXPECT_EQ(proc("cuStreamBeginCapture", 10010, ptsz), dlsym(h, "cuStreamBeginCapture_v2_ptsz"));
+  EXPECT_EQ(proc("cuEventElapsedTime", 12080, 0), dlsym(h, "cuEventElapsedTime_v2"));
+
+  CUdriverProcAddressQueryResult status{};
+  void* fn = &status;
+  EXPECT_EQ(cuGetProcAddress_v2("cuNoSuchCall", &fn, 13000, 0, &status), CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(status, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  EXPECT_EQ(fn, nullptr);
+  EXPECT_EQ(cuGetProcAddress_v2("cuMemAllocAsync", &fn, 11000, 0, &status), CUDA_ERROR_NOT_FOUND);
+  EXPECT_EQ(status, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  EXPECT_EQ(cuGetProcAddress_v2(nullptr, &fn, 13000, 0, &status), CUDA_ERROR_INVALID_VALUE);
+  // The 11.3 ABI resolves the same table.
+  EXPECT_EQ(cuGetProcAddress("cuMemFree", &fn, 12000, 0), CUDA_SUCCESS);
+  EXPECT_EQ(fn, dlsym(h, "cuMemFree_v2"));
+}
+
+TEST_F(FakeCuda, PointerAttributesTellTheTruth) {
+  CUdeviceptr dev = 0, managed = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&dev, 1000), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAllocManaged(&managed, 5000, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  EXPECT_EQ(dev % 256, 0u);
+  unsigned is_managed = 7, type = 0;
+  EXPECT_EQ(cuPointerGetAttribute(&is_managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, dev + 10), CUDA_SUCCESS);
+  EXPECT_EQ(is_managed, 0u);
+  EXPECT_EQ(cuPointerGetAttribute(&is_managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, managed + 4999), CUDA_SUCCESS);
+  EXPECT_EQ(is_managed, 1u);
+  EXPECT_EQ(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, managed), CUDA_SUCCESS);
+  EXPECT_EQ(type, CU_MEMORYTYPE_DEVICE);
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  int ordinal = -1;
+  CUcontext ctx = nullptr, current = nullptr;
+  EXPECT_EQ(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, managed + 100), CUDA_SUCCESS);
+  EXPECT_EQ(cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, managed + 100), CUDA_SUCCESS);
+  EXPECT_EQ(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dev), CUDA_SUCCESS);
+  EXPECT_EQ(cuPointerGetAttribute(&ctx, CU_POINTER_ATTRIBUTE_CONTEXT, dev), CUDA_SUCCESS);
+  cuCtxGetCurrent(&current);
+  EXPECT_EQ(start, managed);
+  EXPECT_EQ(size, 5000u);
+  EXPECT_EQ(ordinal, 0);
+  EXPECT_EQ(ctx, current);
+  EXPECT_EQ(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev + 1000), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuPointerGetAttribute(nullptr, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev), CUDA_ERROR_INVALID_VALUE);
+
+  // cuPointerGetAttributes fills every slot; an unknown pointer gets defaults, not an error.
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void* data[] = {&is_managed, &type, &size};
+  EXPECT_EQ(cuPointerGetAttributes(3, attrs, data, managed), CUDA_SUCCESS);
+  EXPECT_EQ(is_managed, 1u);
+  EXPECT_EQ(size, 5000u);
+  int local = 0;
+  EXPECT_EQ(cuPointerGetAttributes(3, attrs, data, reinterpret_cast<CUdeviceptr>(&local)), CUDA_SUCCESS);
+  EXPECT_EQ(type, 0u);
+  EXPECT_EQ(is_managed, 0u);
+  EXPECT_EQ(cuMemFree_v2(dev), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(managed), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(managed), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(FakeCuda, DeviceMemoryRunsOutButManagedDoesNot) {
+  Configure("FAKECUDA_TOTAL_MEMORY", "1048576");
+  size_t free = 0, total = 0;
+  ASSERT_EQ(cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
+  EXPECT_EQ(total, 1048576u);
+  CUdeviceptr a = 0, b = 0, m = 0, pitched = 0;
+  size_t pitch = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&a, 786432), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), 262144u);
+  EXPECT_EQ(cuMemAlloc_v2(&b, 262145), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(cuMemAllocAsync(&b, 262145, nullptr), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(cuMemAllocPitch_v2(&pitched, &pitch, 1024, 512, 4), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(cuMemAllocManaged(&m, size_t{1} << 30, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);  // host RAM
+  EXPECT_EQ(FreeBytes(), 262144u);
+  EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(m), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), 1048576u);
+  // Pitch: width rounded up to 512; element size must be 4, 8 or 16.
+  EXPECT_EQ(cuMemAllocPitch_v2(&pitched, &pitch, 1000, 3, 3), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cuMemAllocPitch_v2(&pitched, &pitch, 1000, 3, 8), CUDA_SUCCESS);
+  EXPECT_EQ(pitch, 1024u);
+  EXPECT_EQ(FreeBytes(), 1048576u - 3072u);
+  EXPECT_EQ(cuMemFree_v2(pitched), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAlloc_v2(nullptr, 16), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(FakeCuda, FailInjectionCountsSymbolOrBaseName) {
+  Configure("FAKECUDA_FAIL", "cuMemAlloc:2,cuMemAllocAsync_ptsz:1,cuStreamCreate:1:801");
+  CUdeviceptr p[3] = {};
+  EXPECT_EQ(cuMemAlloc_v2(&p[0], 64), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAlloc_v2(&p[1], 64), CUDA_ERROR_OUT_OF_MEMORY);  // 2nd call of base cuMemAlloc
+  EXPECT_EQ(cuMemAlloc_v2(&p[1], 64), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAllocAsync(&p[2], 64, nullptr), CUDA_SUCCESS);  // not the named symbol
+  CUdeviceptr q = 0;
+  EXPECT_EQ(cuMemAllocAsync_ptsz(&q, 64, nullptr), CUDA_ERROR_OUT_OF_MEMORY);
+  CUstream s = nullptr;
+  EXPECT_EQ(cuStreamCreate(&s, 0), CUDA_ERROR_NOT_SUPPORTED);  // explicit code
+  EXPECT_EQ(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamDestroy_v2(s), CUDA_SUCCESS);
+  for (CUdeviceptr x : p) EXPECT_EQ(cuMemFree_v2(x), CUDA_SUCCESS);
+  Configure("FAKECUDA_FAIL", "cuEventCreate:1");
+  CUevent e = nullptr;
+  EXPECT_EQ(cuEventCreate(&e, 0), CUDA_ERROR_UNKNOWN);  // non-allocating call
+}
+
+TEST_F(FakeCuda, BadEnvironmentValuesWarnAndUseDefaults) {
+  setenv("FAKECUDA_TOTAL_MEMORY", "lots", 1);
+  setenv("FAKECUDA_FAIL", "cuMemAlloc", 1);
+  testing::internal::CaptureStderr();
+  fakecuda_reload_config();
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("FAKECUDA_TOTAL_MEMORY='lots'"), std::string::npos) << err;
+  EXPECT_NE(err.find("FAKECUDA_FAIL='cuMemAlloc'"), std::string::npos) << err;
+  size_t free = 0, total = 0;
+  EXPECT_EQ(cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
+  EXPECT_EQ(total, 17179869184u);
+  int cma = 0;
+  Configure("FAKECUDA_CONCURRENT_MANAGED_ACCESS", "0");
+  EXPECT_EQ(cuDeviceGetAttribute(&cma, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cma, 0);
+}
+
+TEST_F(FakeCuda, LogWritesOneLinePerCall) {
+  StartLog();
+  CUdeviceptr p = 0;
+  CUstream s = nullptr;
+  CUevent e = nullptr;
+  ASSERT_EQ(cuMemAlloc_v2(&p, 4096), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventCreate(&e, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventRecord(e, s), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(p + 1), CUDA_ERROR_INVALID_VALUE);
+  std::vector<std::string> lines = LogLines();
+  ASSERT_EQ(lines.size(), 5u);
+  EXPECT_TRUE(std::regex_match(lines[0], std::regex("cuMemAlloc_v2 bytesize=4096 dptr=0x[0-9a-f]+ -> 0")))
+      << lines[0];
+  EXPECT_TRUE(std::regex_match(lines[3], std::regex("cuEventRecord event=0x[0-9a-f]+ stream=0x[0-9a-f]+ capturing=0 -> 0")))
+      << lines[3];
+  EXPECT_TRUE(std::regex_match(lines[4], std::regex("cuMemFree_v2 dptr=0x[0-9a-f]+ -> 1"))) << lines[4];
+  cuEventDestroy_v2(e);
+  cuStreamDestroy_v2(s);
+  cuMemFree_v2(p);
+}
+
+TEST_F(FakeCuda, AsyncModeCompletesWorkOnlyAtSynchronize) {
+  Configure("FAKECUDA_ASYNC", "1");
+  CUstream s = nullptr;
+  CUevent e = nullptr;
+  ASSERT_EQ(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventCreate(&e, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(e), CUDA_SUCCESS);  // never recorded
+  ASSERT_EQ(cuEventRecord(e, s), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(e), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(cuEventSynchronize(e), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(e), CUDA_SUCCESS);
+
+  // A stream-ordered free releases device memory when the stream reaches it.
+  size_t before = FreeBytes();
+  CUdeviceptr p = 0;
+  ASSERT_EQ(cuMemAllocAsync(&p, 1 << 20, s), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemFreeAsync(p, s), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventRecord(e, s), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), before - (1 << 20));
+  EXPECT_EQ(cuStreamSynchronize(s), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), before);
+  EXPECT_EQ(cuEventQuery(e), CUDA_SUCCESS);
+
+  Configure("FAKECUDA_ASYNC", "0");
+  ASSERT_EQ(cuEventRecord(e, s), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(e), CUDA_SUCCESS);  // synchronous mode: complete when recorded
+  cuEventDestroy_v2(e);
+  cuStreamDestroy_v2(s);
+}
+
+TEST_F(FakeCuda, CaptureIsReportedAndLogged) {
+  StartLog();
+  CUstream s = nullptr;
+  CUevent e = nullptr;
+  ASSERT_EQ(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventCreate(&e, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamBeginCapture_v2(nullptr, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  ASSERT_EQ(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  CUstreamCaptureStatus status{};
+  EXPECT_EQ(cuStreamIsCapturing(s, &status), CUDA_SUCCESS);
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  EXPECT_EQ(cuEventRecord(e, s), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamSynchronize(s), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  ASSERT_EQ(cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(cuStreamIsCapturing(s, &status), CUDA_SUCCESS);
+  EXPECT_EQ(status, CU_STREAM_CAPTURE_STATUS_NONE);
+  ASSERT_EQ(cuGraphInstantiateWithFlags(&exec, graph, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphLaunch(exec, s), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+  EXPECT_EQ(cuGraphDestroy(graph), CUDA_SUCCESS);
+  bool seen = false;
+  for (const std::string& l : LogLines())
+    seen |= l.rfind("cuEventRecord ", 0) == 0 && l.find(" capturing=1 -> 0") != std::string::npos;
+  EXPECT_TRUE(seen);
+
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  EXPECT_EQ(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+  EXPECT_EQ(mode, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  EXPECT_EQ(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+  EXPECT_EQ(mode, CU_STREAM_CAPTURE_MODE_RELAXED);
+  cuEventDestroy_v2(e);
+  cuStreamDestroy_v2(s);
+}
+
+TEST_F(FakeCuda, KernelsRunByName) {
+  CUmodule mod = nullptr;
+  CUfunction fill = nullptr, add = nullptr;
+  ASSERT_EQ(cuModuleLoadData(&mod, "fill_u32(8,4,4); add_u32(8,8,8,8)"), CUDA_SUCCESS);
+  ASSERT_EQ(cuModuleGetFunction(&fill, mod, "fill_u32"), CUDA_SUCCESS);
+  ASSERT_EQ(cuModuleGetFunction(&add, mod, "add_u32"), CUDA_SUCCESS);
+  EXPECT_EQ(cuModuleGetFunction(&add, mod, "nope"), CUDA_ERROR_NOT_FOUND);
+  size_t offset = 0, size = 0;
+  ASSERT_EQ(cuFuncGetParamInfo(fill, 2, &offset, &size), CUDA_SUCCESS);
+  EXPECT_EQ(offset, 12u);
+  EXPECT_EQ(size, 4u);
+  EXPECT_EQ(cuFuncGetParamInfo(fill, 3, &offset, &size), CUDA_ERROR_INVALID_VALUE);
+
+  CUdeviceptr a = 0, b = 0;
+  ASSERT_EQ(cuMemAllocManaged(&a, 64 * 4, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAlloc_v2(&b, 64 * 4), CUDA_SUCCESS);
+  uint32_t count = 64, value = 7;
+  void* fill_args[] = {&a, &count, &value};
+  ASSERT_EQ(cuLaunchKernel(fill, 1, 1, 1, 64, 1, 1, 0, nullptr, fill_args, nullptr), CUDA_SUCCESS);
+  value = 5;
+  fill_args[0] = &b;
+  ASSERT_EQ(cuLaunchKernel_ptsz(fill, 1, 1, 1, 64, 1, 1, 0, nullptr, fill_args, nullptr), CUDA_SUCCESS);
+  uint64_t n = 64;
+  void* add_args[] = {&a, &a, &b, &n};
+  CUlaunchConfig config{};
+  config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = config.blockDimY = config.blockDimZ = 1;
+  ASSERT_EQ(cuLaunchKernelEx(&config, add, add_args, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(reinterpret_cast<uint32_t*>(a)[63], 12u);
+
+  char name[32];
+  uint64_t params[4];
+  ASSERT_EQ(fakecuda_last_launch(name, sizeof name, params, 4), 4);
+  EXPECT_STREQ(name, "add_u32");
+  EXPECT_EQ(params[0], a);
+  EXPECT_EQ(params[3], 64u);
+
+  count = 65;  // one past the end
+  EXPECT_EQ(cuLaunchCooperativeKernel(fill, 1, 1, 1, 1, 1, 1, 0, nullptr, fill_args), CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_EQ(cuModuleUnload(mod), CUDA_SUCCESS);
+  cuMemFree_v2(a);
+  cuMemFree_v2(b);
+}
+
+TEST_F(FakeCuda, HintsAndIpcCheckTheAllocationKind) {
+  CUdeviceptr dev = 0, managed = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&dev, 4096), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAllocManaged(&managed, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  CUmemLocation gpu{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  EXPECT_EQ(cuMemPrefetchAsync_v2(managed, 4096, gpu, 0, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemPrefetchAsync_v2(managed, 4097, gpu, 0, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemPrefetchAsync_v2(dev, 4096, gpu, 0, nullptr), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuMemPrefetchAsync(managed, 4096, 0, nullptr), CUDA_SUCCESS);  // v1 ABI
+  EXPECT_EQ(cuMemAdvise_v2(managed, 4096, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, gpu), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAdvise(dev, 4096, CU_MEM_ADVISE_SET_ACCESSED_BY, 0), CUDA_ERROR_INVALID_VALUE);
+  CUipcMemHandle handle{};
+  EXPECT_EQ(cuIpcGetMemHandle(&handle, managed), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(cuIpcGetMemHandle(&handle, dev), CUDA_SUCCESS);
+  EXPECT_EQ(cuIpcGetMemHandle(nullptr, dev), CUDA_ERROR_INVALID_VALUE);
+
+  // VMM: a mapped range is kind "vmm" (device memory, not managed).
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = gpu;
+  CUmemGenericAllocationHandle phys = 0;
+  CUdeviceptr va = 0;
+  ASSERT_EQ(cuMemCreate(&phys, 2 << 20, &prop, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAddressReserve(&va, 2 << 20, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemMap(va, 2 << 20, 0, phys, 0), CUDA_SUCCESS);
+  CUmemAccessDesc access{gpu, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  EXPECT_EQ(cuMemSetAccess(va, 2 << 20, &access, 1), CUDA_SUCCESS);
+  unsigned is_managed = 1, type = 0;
+  EXPECT_EQ(cuPointerGetAttribute(&is_managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, va + 100), CUDA_SUCCESS);
+  EXPECT_EQ(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va), CUDA_SUCCESS);
+  EXPECT_EQ(is_managed, 0u);
+  EXPECT_EQ(type, CU_MEMORYTYPE_DEVICE);
+  EXPECT_EQ(cuMemUnmap(va, 2 << 20), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAddressFree(va, 2 << 20), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemRelease(phys), CUDA_SUCCESS);
+  cuMemFree_v2(dev);
+  cuMemFree_v2(managed);
+}
+
+TEST_F(FakeCuda, SixteenThreadsAllocateConcurrently) {
+  size_t before = FreeBytes();
+  CUcontext ctx = nullptr;
+  cuCtxGetCurrent(&ctx);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 16; ++t) {
+    threads.emplace_back([&, t] {
+      cuCtxSetCurrent(ctx);
+      for (int i = 0; i < 200; ++i) {
+        CUdeviceptr p = 0;
+        CUresult r = (i + t) % 2 ? cuMemAlloc_v2(&p, 4096 + i) : cuMemAllocManaged(&p, 4096 + i, CU_MEM_ATTACH_GLOBAL);
+        if (r != CUDA_SUCCESS || cuMemFree_v2(p) != CUDA_SUCCESS) ++failures;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(FreeBytes(), before);
+}
+
+// The runtime reaches the driver only through cuGetProcAddress_v2.
+TEST_F(FakeCuda, RuntimeUsesGetProcAddress) {
+  StartLog();
+  void* rt = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(rt, nullptr) << dlerror();
+  auto rt_malloc = reinterpret_cast<decltype(&cudaMalloc)>(dlsym(rt, "cudaMalloc"));
+  auto rt_malloc_managed = reinterpret_cast<cudaError_t (*)(void**, size_t, unsigned)>(dlsym(rt, "cudaMallocManaged"));
+  auto rt_malloc_async_ptsz = reinterpret_cast<decltype(&cudaMallocAsync)>(dlsym(rt, "cudaMallocAsync_ptsz"));
+  auto rt_free = reinterpret_cast<decltype(&cudaFree)>(dlsym(rt, "cudaFree"));
+  auto rt_attrs = reinterpret_cast<decltype(&cudaPointerGetAttributes)>(dlsym(rt, "cudaPointerGetAttributes"));
+  auto rt_last = reinterpret_cast<decltype(&cudaGetLastError)>(dlsym(rt, "cudaGetLastError"));
+  auto rt_entry = reinterpret_cast<cudaError_t (*)(const char*, void**, unsigned, unsigned long long,
+                                                    cudaDriverEntryPointQueryResult*)>(
+      dlsym(rt, "cudaGetDriverEntryPointByVersion"));
+  ASSERT_TRUE(rt_malloc && rt_malloc_managed && rt_malloc_async_ptsz && rt_free && rt_attrs && rt_last && rt_entry);
+
+  // The runtime does not link libcuda: no DT_NEEDED entry names it.
+  link_map* lm = nullptr;
+  ASSERT_EQ(dlinfo(rt, RTLD_DI_LINKMAP, &lm), 0);
+  const char* strtab = nullptr;
+  for (const ElfW(Dyn)* d = lm->l_ld; d->d_tag != DT_NULL; ++d)
+    if (d->d_tag == DT_STRTAB) strtab = reinterpret_cast<const char*>(d->d_un.d_ptr);
+  ASSERT_NE(strtab, nullptr);
+  for (const ElfW(Dyn)* d = lm->l_ld; d->d_tag != DT_NULL; ++d)
+    if (d->d_tag == DT_NEEDED) {
+      EXPECT_EQ(std::string(strtab + d->d_un.d_val).find("libcuda"), std::string::npos);
+    }
+  void* dev = nullptr;
+  void* managed = nullptr;
+  void* async = nullptr;
+  ASSERT_EQ(rt_malloc(&dev, 1024), cudaSuccess);
+  ASSERT_EQ(rt_malloc_managed(&managed, 1024, cudaMemAttachGlobal), cudaSuccess);
+  ASSERT_EQ(rt_malloc_async_ptsz(&async, 1024, nullptr), cudaSuccess);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(rt_attrs(&attr, managed), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeManaged);
+  ASSERT_EQ(rt_attrs(&attr, dev), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeDevice);
+  EXPECT_EQ(rt_malloc(&dev, size_t{1} << 62), cudaErrorMemoryAllocation);
+  EXPECT_EQ(rt_last(), cudaErrorMemoryAllocation);
+  EXPECT_EQ(rt_last(), cudaSuccess);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  EXPECT_EQ(rt_entry("cuMemAlloc", &fn, 12000, cudaEnableDefault, &status), cudaSuccess);
+  EXPECT_EQ(fn, dlsym(driver(), "cuMemAlloc_v2"));
+
+  std::vector<std::string> lines = LogLines();
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0].rfind("cuGetProcAddress_v2 symbol=cuGetProcAddress version=13000 flags=0 ", 0), 0u) << lines[0];
+  bool ptsz_lookup = false, ptsz_call = false;
+  for (const std::string& l : lines) {
+    ptsz_lookup |= l.rfind("cuGetProcAddress_v2 symbol=cuMemAllocAsync version=13000 flags=2 ", 0) == 0;
+    ptsz_call |= l.rfind("cuMemAllocAsync_ptsz ", 0) == 0;
+  }
+  EXPECT_TRUE(ptsz_lookup);
+  EXPECT_TRUE(ptsz_call);
+  rt_free(dev);
+  rt_free(managed);
+  rt_free(async);
+}
+
+}  // namespace

@@ -1,0 +1,384 @@
+// fakecuda runtime: a thin fake libcudart.so.13 for Spillway's GPU-less tests. Like the
+// real CUDA 13 runtime it never links libcuda: on first use it does
+// dlopen("libcuda.so.1"), dlsym(h, "cuGetProcAddress_v2"), asks that for
+// "cuGetProcAddress" itself and resolves every other driver entry point through it
+// (cudaVersion 13000; flags CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM for the _ptsz
+// runtime variants). Signatures come from cuda_runtime_api.h, error codes from
+// driver_types.h (CUDA 13.0).
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+
+#include <cuda.h>
+#pragma GCC visibility push(default)  // the runtime entry points we define are exported
+#include <cuda_runtime_api.h>
+#pragma GCC visibility pop
+
+#define FAKECUDA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+constexpr int kVersion = 13000;
+
+// Driver entry points, typed from cuda.h's current declarations (decltype only: nothing
+// here links against the driver).
+struct Driver {
+  decltype(&::cuGetProcAddress_v2) GetProcAddress = nullptr;
+  decltype(&::cuInit) Init = nullptr;
+  decltype(&::cuDriverGetVersion) DriverGetVersion = nullptr;
+  decltype(&::cuDeviceGetCount) DeviceGetCount = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) PrimaryCtxRetain = nullptr;
+  decltype(&::cuCtxSetCurrent) CtxSetCurrent = nullptr;
+  decltype(&::cuCtxSynchronize) CtxSynchronize = nullptr;
+  decltype(&::cuMemAlloc_v2) MemAlloc = nullptr;
+  decltype(&::cuMemAllocPitch_v2) MemAllocPitch = nullptr;
+  decltype(&::cuMemAllocManaged) MemAllocManaged = nullptr;
+  decltype(&::cuMemAllocAsync) MemAllocAsync = nullptr;
+  decltype(&::cuMemAllocAsync) MemAllocAsyncPtsz = nullptr;
+  decltype(&::cuMemFree_v2) MemFree = nullptr;
+  decltype(&::cuMemFreeAsync) MemFreeAsync = nullptr;
+  decltype(&::cuMemFreeAsync) MemFreeAsyncPtsz = nullptr;
+  decltype(&::cuMemGetInfo_v2) MemGetInfo = nullptr;
+  decltype(&::cuPointerGetAttributes) PointerGetAttributes = nullptr;
+  decltype(&::cuMemcpy) Memcpy = nullptr;
+  decltype(&::cuMemsetD8_v2) MemsetD8 = nullptr;
+  decltype(&::cuStreamCreate) StreamCreate = nullptr;
+  decltype(&::cuStreamDestroy_v2) StreamDestroy = nullptr;
+  decltype(&::cuStreamSynchronize) StreamSynchronize = nullptr;
+  decltype(&::cuStreamBeginCapture_v2) StreamBeginCapture = nullptr;
+  decltype(&::cuStreamEndCapture) StreamEndCapture = nullptr;
+  decltype(&::cuStreamIsCapturing) StreamIsCapturing = nullptr;
+  decltype(&::cuIpcGetMemHandle) IpcGetMemHandle = nullptr;
+  CUcontext primary = nullptr;
+};
+
+Driver g_driver;
+cudaError_t g_init_error = cudaSuccess;
+std::once_flag g_init_once;
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local bool t_context_bound = false;
+
+cudaError_t to_cuda(CUresult r) {
+  switch (r) {
+    case CUDA_SUCCESS: return cudaSuccess;
+    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_NOT_INITIALIZED: return cudaErrorInitializationError;
+    case CUDA_ERROR_NO_DEVICE: return cudaErrorNoDevice;
+    case CUDA_ERROR_INVALID_DEVICE: return cudaErrorInvalidDevice;
+    case CUDA_ERROR_INVALID_IMAGE: return cudaErrorInvalidKernelImage;
+    case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
+    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
+    case CUDA_ERROR_ILLEGAL_STATE: return cudaErrorIllegalState;
+    case CUDA_ERROR_NOT_FOUND: return cudaErrorSymbolNotFound;
+    case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return cudaErrorIllegalAddress;
+    case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return cudaErrorStreamCaptureUnsupported;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: return cudaErrorStreamCaptureInvalidated;
+    default: return cudaErrorUnknown;
+  }
+}
+
+template <class T>
+bool resolve(T& out, const char* name, cuuint64_t flags = CU_GET_PROC_ADDRESS_DEFAULT) {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  if (g_driver.GetProcAddress(name, &p, kVersion, flags, &status) != CUDA_SUCCESS || !p) return false;
+  out = reinterpret_cast<T>(p);
+  return true;
+}
+
+void init() {
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    g_init_error = cudaErrorInsufficientDriver;
+    return;
+  }
+  auto bootstrap = reinterpret_cast<decltype(&::cuGetProcAddress_v2)>(::dlsym(lib, "cuGetProcAddress_v2"));
+  void* gpa = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  if (!bootstrap || bootstrap("cuGetProcAddress", &gpa, kVersion, 0, &status) != CUDA_SUCCESS || !gpa) {
+    g_init_error = cudaErrorInsufficientDriver;
+    return;
+  }
+  Driver& d = g_driver;
+  d.GetProcAddress = reinterpret_cast<decltype(d.GetProcAddress)>(gpa);
+  const cuuint64_t ptsz = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+  bool ok = resolve(d.Init, "cuInit") && resolve(d.DriverGetVersion, "cuDriverGetVersion") &&
+            resolve(d.DeviceGetCount, "cuDeviceGetCount") &&
+            resolve(d.PrimaryCtxRetain, "cuDevicePrimaryCtxRetain") &&
+            resolve(d.CtxSetCurrent, "cuCtxSetCurrent") && resolve(d.CtxSynchronize, "cuCtxSynchronize") &&
+            resolve(d.MemAlloc, "cuMemAlloc") && resolve(d.MemAllocPitch, "cuMemAllocPitch") &&
+            resolve(d.MemAllocManaged, "cuMemAllocManaged") && resolve(d.MemAllocAsync, "cuMemAllocAsync") &&
+            resolve(d.MemAllocAsyncPtsz, "cuMemAllocAsync", ptsz) && resolve(d.MemFree, "cuMemFree") &&
+            resolve(d.MemFreeAsync, "cuMemFreeAsync") && resolve(d.MemFreeAsyncPtsz, "cuMemFreeAsync", ptsz) &&
+            resolve(d.MemGetInfo, "cuMemGetInfo") && resolve(d.PointerGetAttributes, "cuPointerGetAttributes") &&
+            resolve(d.Memcpy, "cuMemcpy") && resolve(d.MemsetD8, "cuMemsetD8") &&
+            resolve(d.StreamCreate, "cuStreamCreate") && resolve(d.StreamDestroy, "cuStreamDestroy") &&
+            resolve(d.StreamSynchronize, "cuStreamSynchronize") &&
+            resolve(d.StreamBeginCapture, "cuStreamBeginCapture") &&
+            resolve(d.StreamEndCapture, "cuStreamEndCapture") &&
+            resolve(d.StreamIsCapturing, "cuStreamIsCapturing") &&
+            resolve(d.IpcGetMemHandle, "cuIpcGetMemHandle");
+  if (!ok) {
+    g_init_error = cudaErrorInsufficientDriver;
+    return;
+  }
+  if (CUresult r = d.Init(0); r != CUDA_SUCCESS) {
+    g_init_error = to_cuda(r);
+    return;
+  }
+  if (CUresult r = d.PrimaryCtxRetain(&d.primary, 0); r != CUDA_SUCCESS) g_init_error = to_cuda(r);
+}
+
+// Lazy init, then the primary context is made current on this thread (once per thread).
+cudaError_t ready() {
+  std::call_once(g_init_once, init);
+  if (g_init_error != cudaSuccess) return g_init_error;
+  if (!t_context_bound) {
+    if (CUresult r = g_driver.CtxSetCurrent(g_driver.primary); r != CUDA_SUCCESS) return to_cuda(r);
+    t_context_bound = true;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t record(cudaError_t e) {
+  if (e != cudaSuccess) t_last_error = e;
+  return e;
+}
+
+// Runs f() (returning a CUresult) after initialization; records errors as the last error.
+template <class F>
+cudaError_t call(F&& f) {
+  if (cudaError_t e = ready(); e != cudaSuccess) return record(e);
+  return record(to_cuda(f()));
+}
+
+CUdeviceptr dptr(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+
+struct ErrorText {
+  cudaError_t code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection", "invalid copy direction for memcpy"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidKernelImage, "cudaErrorInvalidKernelImage", "device kernel image is invalid"},
+    {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+    {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+const ErrorText* error_text(cudaError_t e) {
+  for (const ErrorText& t : kErrors)
+    if (t.code == e) return &t;
+  return nullptr;
+}
+
+cudaError_t entry_point(const char* symbol, void** fn, unsigned version, unsigned long long flags,
+                        cudaDriverEntryPointQueryResult* status) {
+  if (!symbol || !fn) return record(cudaErrorInvalidValue);
+  std::call_once(g_init_once, init);
+  if (g_init_error != cudaSuccess) return record(g_init_error);
+  CUdriverProcAddressQueryResult st{};
+  *fn = nullptr;
+  CUresult r = g_driver.GetProcAddress(symbol, fn, static_cast<int>(version), flags, &st);
+  if (status) *status = static_cast<cudaDriverEntryPointQueryResult>(st);
+  // A missing symbol is reported through *status, not as an error (runtime API docs).
+  return r == CUDA_ERROR_NOT_FOUND ? cudaSuccess : record(to_cuda(r));
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t CUDARTAPI cudaMalloc(void** p, size_t size) {
+  if (!p) return record(cudaErrorInvalidValue);
+  if (size == 0) {
+    *p = nullptr;
+    return cudaSuccess;
+  }
+  return call([&] { return g_driver.MemAlloc(reinterpret_cast<CUdeviceptr*>(p), size); });
+}
+
+cudaError_t CUDARTAPI cudaMallocPitch(void** p, size_t* pitch, size_t width, size_t height) {
+  return call([&] { return g_driver.MemAllocPitch(reinterpret_cast<CUdeviceptr*>(p), pitch, width, height, 4); });
+}
+
+cudaError_t CUDARTAPI cudaMallocManaged(void** p, size_t size, unsigned int flags) {
+  return call([&] { return g_driver.MemAllocManaged(reinterpret_cast<CUdeviceptr*>(p), size, flags); });
+}
+
+cudaError_t CUDARTAPI cudaMallocAsync(void** p, size_t size, cudaStream_t s) {
+  return call([&] { return g_driver.MemAllocAsync(reinterpret_cast<CUdeviceptr*>(p), size, s); });
+}
+FAKECUDA_EXPORT cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void** p, size_t size, cudaStream_t s) {
+  return call([&] { return g_driver.MemAllocAsyncPtsz(reinterpret_cast<CUdeviceptr*>(p), size, s); });
+}
+
+cudaError_t CUDARTAPI cudaFree(void* p) {
+  if (!p) return cudaSuccess;
+  return call([&] { return g_driver.MemFree(dptr(p)); });
+}
+
+cudaError_t CUDARTAPI cudaFreeAsync(void* p, cudaStream_t s) {
+  return call([&] { return g_driver.MemFreeAsync(dptr(p), s); });
+}
+FAKECUDA_EXPORT cudaError_t CUDARTAPI cudaFreeAsync_ptsz(void* p, cudaStream_t s) {
+  return call([&] { return g_driver.MemFreeAsyncPtsz(dptr(p), s); });
+}
+
+cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free, size_t* total) {
+  return call([&] { return g_driver.MemGetInfo(free, total); });
+}
+
+cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                                       unsigned long long flags,
+                                                       cudaDriverEntryPointQueryResult* status) {
+  return entry_point(symbol, fn, version, flags, status);
+}
+FAKECUDA_EXPORT cudaError_t CUDARTAPI cudaGetDriverEntryPointByVersion_ptsz(const char* symbol, void** fn,
+                                                                            unsigned int version,
+                                                                            unsigned long long flags,
+                                                                            cudaDriverEntryPointQueryResult* status) {
+  if (flags == cudaEnableDefault) flags = cudaEnablePerThreadDefaultStream;
+  return entry_point(symbol, fn, version, flags, status);
+}
+cudaError_t CUDARTAPI cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
+                                              cudaDriverEntryPointQueryResult* status) {
+  return entry_point(symbol, fn, kVersion, flags, status);
+}
+FAKECUDA_EXPORT cudaError_t CUDARTAPI cudaGetDriverEntryPoint_ptsz(const char* symbol, void** fn,
+                                                                   unsigned long long flags,
+                                                                   cudaDriverEntryPointQueryResult* status) {
+  if (flags == cudaEnableDefault) flags = cudaEnablePerThreadDefaultStream;
+  return entry_point(symbol, fn, kVersion, flags, status);
+}
+
+cudaError_t CUDARTAPI cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* ptr) {
+  if (!attr) return record(cudaErrorInvalidValue);
+  unsigned memory_type = 0, managed = 0;
+  int device = 0;
+  CUdeviceptr device_ptr = 0;
+  void* host_ptr = nullptr;
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_DEVICE_POINTER,
+                                 CU_POINTER_ATTRIBUTE_HOST_POINTER};
+  void* data[] = {&memory_type, &managed, &device, &device_ptr, &host_ptr};
+  cudaError_t e = call([&] { return g_driver.PointerGetAttributes(5, attrs, data, dptr(ptr)); });
+  if (e != cudaSuccess) return e;
+  *attr = {};
+  attr->type = managed ? cudaMemoryTypeManaged
+               : memory_type == CU_MEMORYTYPE_DEVICE ? cudaMemoryTypeDevice
+               : memory_type == CU_MEMORYTYPE_HOST ? cudaMemoryTypeHost
+                                                   : cudaMemoryTypeUnregistered;
+  attr->device = device;
+  attr->devicePointer = reinterpret_cast<void*>(device_ptr);
+  attr->hostPointer = host_ptr;
+  return cudaSuccess;
+}
+
+// Unified addressing: every direction is a cuMemcpy.
+cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return record(cudaErrorInvalidMemcpyDirection);
+  return call([&] { return g_driver.Memcpy(dptr(dst), dptr(src), count); });
+}
+
+cudaError_t CUDARTAPI cudaMemset(void* p, int value, size_t count) {
+  return call([&] { return g_driver.MemsetD8(dptr(p), static_cast<unsigned char>(value), count); });
+}
+
+cudaError_t CUDARTAPI cudaStreamCreate(cudaStream_t* s) {
+  return call([&] { return g_driver.StreamCreate(s, CU_STREAM_DEFAULT); });
+}
+cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t s) {
+  return call([&] { return g_driver.StreamDestroy(s); });
+}
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t s) {
+  return call([&] { return g_driver.StreamSynchronize(s); });
+}
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+  return call([&] { return g_driver.CtxSynchronize(); });
+}
+cudaError_t CUDARTAPI cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
+  return call([&] { return g_driver.StreamBeginCapture(s, static_cast<CUstreamCaptureMode>(mode)); });
+}
+cudaError_t CUDARTAPI cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  return call([&] { return g_driver.StreamEndCapture(s, graph); });
+}
+cudaError_t CUDARTAPI cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  return call([&] {
+    return g_driver.StreamIsCapturing(s, reinterpret_cast<CUstreamCaptureStatus*>(status));
+  });
+}
+
+const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
+  const ErrorText* t = error_text(e);
+  return t ? t->text : "unrecognized error code";
+}
+const char* CUDARTAPI cudaGetErrorName(cudaError_t e) {
+  const ErrorText* t = error_text(e);
+  return t ? t->name : "cudaErrorUnknown";
+}
+cudaError_t CUDARTAPI cudaGetLastError(void) {
+  cudaError_t e = t_last_error;
+  t_last_error = cudaSuccess;
+  return e;
+}
+cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return t_last_error; }
+
+cudaError_t CUDARTAPI cudaSetDevice(int device) {
+  if (cudaError_t e = ready(); e != cudaSuccess) return record(e);
+  return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice);
+}
+cudaError_t CUDARTAPI cudaGetDevice(int* device) {
+  if (!device) return record(cudaErrorInvalidValue);
+  if (cudaError_t e = ready(); e != cudaSuccess) return record(e);
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
+  if (!count) return record(cudaErrorInvalidValue);
+  return call([&] { return g_driver.DeviceGetCount(count); });
+}
+
+cudaError_t CUDARTAPI cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
+  static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(CUipcMemHandle));
+  return call([&] { return g_driver.IpcGetMemHandle(reinterpret_cast<CUipcMemHandle*>(handle), dptr(p)); });
+}
+
+cudaError_t CUDARTAPI cudaDriverGetVersion(int* version) {
+  if (!version) return record(cudaErrorInvalidValue);
+  std::call_once(g_init_once, init);
+  if (!g_driver.DriverGetVersion) {
+    *version = 0;  // no driver
+    return cudaSuccess;
+  }
+  return record(to_cuda(g_driver.DriverGetVersion(version)));
+}
+
+cudaError_t CUDARTAPI cudaRuntimeGetVersion(int* version) {
+  if (!version) return record(cudaErrorInvalidValue);
+  *version = kVersion;
+  return cudaSuccess;
+}
+
+}  // extern "C"

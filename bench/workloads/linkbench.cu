@@ -1,0 +1,129 @@
+// linkbench: measures the GPU<->host link as managed memory sees it, for the simulator's
+// link profile (DESIGN §5): explicit prefetch bandwidth each way (cuMemPrefetchAsync in
+// 2 MiB and 64 KiB pieces), fault-driven migration throughput (a kernel streaming over data
+// resident on the host), and the cost of a far fault (one touch per 2 MiB / 64 KiB, so the
+// time is dominated by fault handling). Pinned cudaMemcpy is the reference.
+//   linkbench [--bytes 4GiB]      (managed memory used: that many bytes, once)
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#define CHECK(call)                                                                 \
+  do {                                                                              \
+    cudaError_t e_ = (call);                                                        \
+    if (e_ != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "linkbench: %s: %s\n", #call, cudaGetErrorString(e_));   \
+      std::exit(1);                                                                 \
+    }                                                                               \
+  } while (0)
+
+__global__ void touch_stride(const unsigned char* p, size_t bytes, size_t stride, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t off = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * stride; off < bytes;
+       off += (size_t)gridDim.x * blockDim.x * stride)
+    acc += p[off];
+  if (acc == 0xdeadbeef) *sink = acc;
+}
+
+__global__ void stream_read(const uint4* p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    acc ^= p[i].x ^ p[i].w;
+  if (acc == 0xdeadbeef) *sink = acc;
+}
+
+static float elapsed_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+static void to_host(unsigned char* p, size_t bytes) {
+  // First-touch on the host and make sure nothing is left on the GPU.
+  CHECK(cudaMemPrefetchAsync(p, bytes, cudaMemLocation{cudaMemLocationTypeHost, 0}, 0, 0));
+  CHECK(cudaDeviceSynchronize());
+  std::memset(p, 1, bytes);
+}
+
+int main(int argc, char** argv) {
+  size_t bytes = 4ull << 30;
+  if (argc == 3 && !std::strcmp(argv[1], "--bytes")) bytes = std::strtoull(argv[2], nullptr, 10) << 30;
+  int dev = 0;
+  CHECK(cudaSetDevice(dev));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, dev));
+  unsigned char* p;
+  unsigned* sink;
+  CHECK(cudaMallocManaged(&p, bytes));
+  CHECK(cudaMalloc(&sink, 4));
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  const cudaMemLocation gpu{cudaMemLocationTypeDevice, dev}, host{cudaMemLocationTypeHost, 0};
+  double gb = bytes / 1e9;
+  std::printf("{\"device\": \"%s\", \"bytes\": %zu", prop.name, bytes);
+
+  for (size_t piece : {size_t(2) << 20, size_t(64) << 10}) {
+    to_host(p, bytes);
+    CHECK(cudaEventRecord(e0, s));
+    for (size_t off = 0; off < bytes; off += piece) CHECK(cudaMemPrefetchAsync(p + off, piece, gpu, 0, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    double h2d = gb / (elapsed_ms(e0, e1) / 1e3);
+    CHECK(cudaEventRecord(e0, s));
+    for (size_t off = 0; off < bytes; off += piece) CHECK(cudaMemPrefetchAsync(p + off, piece, host, 0, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    double d2h = gb / (elapsed_ms(e0, e1) / 1e3);
+    std::printf(", \"prefetch_%zuKiB_h2d_GBps\": %.2f, \"prefetch_%zuKiB_d2h_GBps\": %.2f", piece >> 10, h2d, piece >> 10, d2h);
+  }
+
+  // Fault-driven migration: a kernel streams over data that sits on the host.
+  to_host(p, bytes);
+  CHECK(cudaEventRecord(e0, s));
+  stream_read<<<prop.multiProcessorCount * 4, 512, 0, s>>>(reinterpret_cast<const uint4*>(p), bytes / 16, sink);
+  CHECK(cudaEventRecord(e1, s));
+  CHECK(cudaEventSynchronize(e1));
+  std::printf(", \"fault_stream_GBps\": %.2f", gb / (elapsed_ms(e0, e1) / 1e3));
+  // Same data now resident: the kernel's own speed.
+  CHECK(cudaEventRecord(e0, s));
+  stream_read<<<prop.multiProcessorCount * 4, 512, 0, s>>>(reinterpret_cast<const uint4*>(p), bytes / 16, sink);
+  CHECK(cudaEventRecord(e1, s));
+  CHECK(cudaEventSynchronize(e1));
+  std::printf(", \"resident_stream_GBps\": %.2f", gb / (elapsed_ms(e0, e1) / 1e3));
+
+  // Sparse touches: one byte per stride; time per touched stride ~ far-fault cost.
+  for (size_t stride : {size_t(2) << 20, size_t(64) << 10}) {
+    to_host(p, bytes);
+    CHECK(cudaEventRecord(e0, s));
+    touch_stride<<<prop.multiProcessorCount, 128, 0, s>>>(p, bytes, stride, sink);
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    double ms = elapsed_ms(e0, e1);
+    std::printf(", \"touch_every_%zuKiB_us_per_touch\": %.2f, \"touch_every_%zuKiB_GBps\": %.2f", stride >> 10,
+                ms * 1e3 / (bytes / stride), stride >> 10, gb / (ms / 1e3));
+  }
+
+  // Reference: pinned host memory, cudaMemcpyAsync, 256 MiB.
+  size_t ref = 256u << 20;
+  void *h, *d;
+  CHECK(cudaMallocHost(&h, ref));
+  CHECK(cudaMalloc(&d, ref));
+  CHECK(cudaEventRecord(e0, s));
+  CHECK(cudaMemcpyAsync(d, h, ref, cudaMemcpyHostToDevice, s));
+  CHECK(cudaEventRecord(e1, s));
+  CHECK(cudaEventSynchronize(e1));
+  double ph2d = ref / 1e9 / (elapsed_ms(e0, e1) / 1e3);
+  CHECK(cudaEventRecord(e0, s));
+  CHECK(cudaMemcpyAsync(h, d, ref, cudaMemcpyDeviceToHost, s));
+  CHECK(cudaEventRecord(e1, s));
+  CHECK(cudaEventSynchronize(e1));
+  double pd2h = ref / 1e9 / (elapsed_ms(e0, e1) / 1e3);
+  std::printf(", \"pinned_memcpy_h2d_GBps\": %.2f, \"pinned_memcpy_d2h_GBps\": %.2f}\n", ph2d, pd2h);
+  return 0;
+}
