@@ -14,6 +14,7 @@
 
 #include "spillway/config.h"
 #include "spillway/policy.h"
+#include "sim_commands.h"
 
 namespace {
 
@@ -95,12 +96,15 @@ int main(int argc, char** argv) {
                   "The exit status is CMD's; 2 means a bad option, 126/127 that CMD could not be run.");
   run_cmd->prefix_command(false);
 
+  spillway::cli::SimCommands sim_commands(app);  // `sweep` and `replay` (issue 3)
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
+  if (sim_commands.parsed()) return sim_commands.run();
   if (run_cmd->parsed()) {
     std::vector<std::pair<std::string, std::string>> settings;
     auto add = [&settings](const char* variable, const std::string& value) {

@@ -1,21 +1,213 @@
 #include "policies.h"
 
+#include <algorithm>
+
 namespace spillway {
+
+namespace {
+constexpr std::uint32_t kNoUse = UINT32_MAX;
+}
 
 void AdvisePolicy::on_alloc(const Block& block, Actions& actions) {
   actions.advise(block.base, block.bytes, Advice::preferred_location, Location::gpu);
   actions.advise(block.base, block.bytes, Advice::accessed_by, Location::gpu);
 }
 
+// ---- sequential ----
+
+void SequentialPolicy::on_launch(const Launch& launch, Actions& actions) {
+  const std::uint64_t pos = dropped_ + log_.size();
+  auto it = last_seen_.find(launch.exec_id);
+  if (it != last_seen_.end()) {
+    for (std::uint64_t p = it->second + 1; p <= it->second + depth_ && p < pos; ++p) {
+      if (p < dropped_) continue;
+      for (const Access& a : log_[p - dropped_].accesses) actions.prefetch(a.addr, a.bytes, Location::gpu);
+    }
+  }
+  last_seen_[launch.exec_id] = pos;
+  log_.push_back(Entry{launch.exec_id, std::vector<Access>(launch.accesses.begin(), launch.accesses.end())});
+  if (log_.size() > max_log_) {
+    log_.pop_front();
+    ++dropped_;
+  }
+}
+
+// ---- correlation (DeepUM) ----
+
+void CorrelationPolicy::on_launch(const Launch& launch, Actions& actions) {
+  Record& rec = table_[launch.exec_id];
+  rec.accesses.assign(launch.accesses.begin(), launch.accesses.end());
+  if (has_prev_) {
+    Record& prev = table_[prev_];
+    prev.next = launch.exec_id;
+    prev.has_next = true;
+  }
+  prev_ = launch.exec_id;
+  has_prev_ = true;
+
+  ++stamp_;
+  std::uint64_t id = launch.exec_id;
+  for (std::size_t d = 0; d < degree_; ++d) {
+    auto r = table_.find(id);
+    if (r == table_.end() || !r->second.has_next) break;
+    id = r->second.next;
+    auto next = table_.find(id);
+    if (next == table_.end()) break;
+    for (const Access& a : next->second.accesses) {
+      actions.prefetch(a.addr, a.bytes, Location::gpu);
+      if (a.bytes == 0) continue;
+      for (ChunkIndex c = chunk_of(a.addr), last = chunk_of(a.addr + a.bytes - 1); c <= last; ++c) upcoming_[c] = stamp_;
+    }
+  }
+}
+
+bool CorrelationPolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) {
+  bool found = false;
+  query.for_each_lru([&](ChunkIndex c) {
+    if (query.pinned(c)) return true;
+    if (auto it = upcoming_.find(c); it != upcoming_.end() && it->second == stamp_) return true;
+    *victim = c;
+    found = true;
+    return false;
+  });
+  return found;
+}
+
+// ---- oracle ----
+
+OraclePolicy::OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches)
+    : future_(future), max_lookahead_(max_lookahead_launches) {}
+
+void OraclePolicy::on_alloc(const Block&, Actions&) { ++allocs_seen_; }
+
+std::uint32_t OraclePolicy::next_use(ChunkIndex c) const {
+  auto it = next_use_.find(c);
+  return it == next_use_.end() ? kNoUse : it->second;
+}
+
+void OraclePolicy::set_next_use(ChunkIndex c, std::uint32_t next) {
+  auto [it, added] = next_use_.try_emplace(c, next);
+  if (!added) {
+    auto r = resident_.find({it->second, c});
+    if (r != resident_.end()) {
+      resident_.erase(r);
+      resident_.insert({next, c});
+    }
+    it->second = next;
+  }
+}
+
+void OraclePolicy::on_residency(ChunkIndex chunk, bool resident) {
+  std::uint32_t n = next_use(chunk);
+  if (resident) {
+    resident_.insert({n, chunk});
+    return;
+  }
+  resident_.erase({n, chunk});
+  // A chunk the prefetch cursor passed while it was resident left before its next use:
+  // move the cursor back to that launch so it is fetched again in time.
+  if (n != kNoUse && cursor_ > 0 && cursor_ <= future_.launch_begin.size() &&
+      n < (cursor_ < future_.launch_begin.size() ? future_.launch_begin[cursor_] : kNoUse)) {
+    auto it = std::upper_bound(future_.launch_begin.begin(), future_.launch_begin.end(), n);
+    std::uint32_t launch = static_cast<std::uint32_t>(it - future_.launch_begin.begin()) - 1;
+    cursor_ = std::min(cursor_, launch);
+  }
+}
+
+void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
+  const std::size_t launches = future_.launch_begin.size();
+  const std::uint64_t k = launch.seq;
+  hint_valid_ = false;
+  if (k >= launches) return;
+  const auto& touches = future_.touches;
+  // What this launch touches is now used; its next use is the following touch.
+  std::vector<ChunkIndex> current;
+  for (std::uint32_t i = future_.launch_begin[k]; i < future_.launch_end[k]; ++i) {
+    set_next_use(touches[i].chunk, touches[i].next);
+    current.push_back(touches[i].chunk);
+  }
+  std::sort(current.begin(), current.end());
+  auto is_current = [&](ChunkIndex c) { return std::binary_search(current.begin(), current.end(), c); };
+
+  // Room: free chunks of the budget, then victims from the furthest next use down.
+  std::int64_t free = static_cast<std::int64_t>(future_.capacity_chunks) - static_cast<std::int64_t>(resident_.size());
+  for (ChunkIndex c : current) {
+    auto nu = next_use_.find(c);
+    if (nu == next_use_.end() || resident_.count({nu->second, c}) == 0) --free;
+  }
+  auto victim = resident_.rbegin();
+  std::unordered_set<ChunkIndex> planned;
+  auto take_victim = [&](std::uint32_t need) {
+    while (victim != resident_.rend() && (is_current(victim->second) ||
+                                          planned.count(victim->second) != 0)) {
+      ++victim;
+    }
+    if (victim == resident_.rend() || victim->first <= need) return false;
+    ++victim;
+    return true;
+  };
+  while (free < 0) {  // the launch's own footprint displaces the furthest-used chunks first
+    if (!take_victim(0)) return;
+    ++free;
+  }
+  cursor_ = std::max<std::uint32_t>(cursor_, static_cast<std::uint32_t>(k + 1));
+  const std::uint64_t stop = std::min<std::uint64_t>(launches, k + 1 + max_lookahead_);
+  for (std::uint64_t m = cursor_; m < stop; ++m) {
+    for (std::uint32_t i = future_.launch_begin[m]; i < future_.launch_end[m]; ++i) {
+      const OracleFuture::Touch& t = touches[i];
+      if (t.block >= allocs_seen_) return;  // its block does not exist yet
+      auto nu = next_use_.find(t.chunk);
+      bool resident = nu != next_use_.end() && resident_.count({nu->second, t.chunk}) != 0;
+      if (resident || is_current(t.chunk) || planned.count(t.chunk) != 0) continue;
+      if (free > 0) {
+        --free;
+      } else if (!take_victim(i)) {
+        return;  // every resident chunk is needed before this one: stop here
+      }
+      set_next_use(t.chunk, i);
+      planned.insert(t.chunk);
+      actions.prefetch(t.chunk * kChunkBytes, 1, Location::gpu);
+    }
+    cursor_ = static_cast<std::uint32_t>(m + 1);
+  }
+}
+
+bool OraclePolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) {
+  auto it = hint_valid_ ? std::make_reverse_iterator(resident_.upper_bound(victim_hint_)) : resident_.rbegin();
+  for (; it != resident_.rend(); ++it) {
+    if (!query.pinned(it->second)) {
+      *victim = it->second;
+      victim_hint_ = *it;
+      hint_valid_ = true;
+      return true;
+    }
+  }
+  return false;
+}
+
+// ---- registry ----
+
 const std::vector<std::string_view>& policy_names() {
-  static const std::vector<std::string_view> names{"demand", "advise"};
+  static const std::vector<std::string_view> names{"demand", "advise", "sequential", "correlation"};
   return names;
 }
 
 std::unique_ptr<Policy> make_policy(std::string_view name) {
   if (name == "demand") return std::make_unique<DemandPolicy>();
   if (name == "advise") return std::make_unique<AdvisePolicy>();
-  return nullptr;
+  if (name == "sequential") return std::make_unique<SequentialPolicy>();
+  if (name == "correlation") return std::make_unique<CorrelationPolicy>();
+  return nullptr;  // includes "oracle": it needs the future, which only the simulator has
+}
+
+const std::vector<std::string_view>& sim_policy_names() {
+  static const std::vector<std::string_view> names{"demand", "advise", "sequential", "correlation", "oracle"};
+  return names;
+}
+
+std::unique_ptr<Policy> make_sim_policy(std::string_view name, const OracleFuture* future) {
+  if (name == "oracle") return future != nullptr ? std::make_unique<OraclePolicy>(*future) : nullptr;
+  return make_policy(name);
 }
 
 }  // namespace spillway

@@ -1,5 +1,12 @@
-// The policies of DESIGN §4 that run in the shim. Each is registered in policies.cpp.
+// The policies of DESIGN §4. Each is registered in policies.cpp.
 #pragma once
+
+#include <cstdint>
+#include <deque>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "spillway/policy.h"
 
@@ -21,5 +28,111 @@ class AdvisePolicy final : public Policy {
   std::string_view name() const override { return "advise"; }
   void on_alloc(const Block& block, Actions& actions) override;
 };
+
+// `sequential`: a simple history ("prefetch_lru" style). It keeps the log of launches by
+// execution id; at each launch it finds the previous occurrence of the same id and
+// prefetches the footprints of the `depth` launches that followed it then, on the
+// assumption that the program repeats itself. Eviction: least recently used (the Engine's
+// default). Memory: one log entry per launch, bounded by `max_log` (oldest dropped).
+class SequentialPolicy final : public Policy {
+ public:
+  explicit SequentialPolicy(std::size_t depth = 2, std::size_t max_log = 1 << 16) : depth_(depth), max_log_(max_log) {}
+  std::string_view name() const override { return "sequential"; }
+  bool manages_residency() const override { return true; }
+  void on_launch(const Launch& launch, Actions& actions) override;
+
+ private:
+  struct Entry {
+    std::uint64_t exec_id;
+    std::vector<Access> accesses;
+  };
+  std::size_t depth_, max_log_;
+  std::deque<Entry> log_;
+  std::uint64_t dropped_ = 0;  // entries dropped from the front of log_
+  std::unordered_map<std::uint64_t, std::uint64_t> last_seen_;  // exec id -> absolute log position
+};
+
+// `correlation`: DeepUM (Jung et al., "DeepUM: Tensor Migration and Prefetching in
+// Unified Memory", ASPLOS 2023), rebuilt from the paper's description: an execution id per
+// launch (kernel name + argument hash); an execution-id correlation table that records,
+// for each id, the ids that followed it (the most recent successors, up to
+// `successors`) and a block correlation table with the 2 MiB blocks (UM blocks) each id
+// used. On each launch it walks the chain of most recent successors `degree` launches ahead
+// and prefetches their blocks in order; pages of blocks that none of those upcoming launches
+// will use are the preferred eviction victims (DeepUM's pre-eviction), least recently used
+// first; otherwise the Engine's LRU.
+class CorrelationPolicy final : public Policy {
+ public:
+  explicit CorrelationPolicy(std::size_t degree = 16) : degree_(degree) {}
+  std::string_view name() const override { return "correlation"; }
+  bool manages_residency() const override { return true; }
+  void on_launch(const Launch& launch, Actions& actions) override;
+  bool choose_victim(const VictimQuery& query, ChunkIndex* victim) override;
+
+ private:
+  struct Record {
+    std::vector<Access> accesses;
+    std::uint64_t next = 0;   // most recent successor id
+    bool has_next = false;
+  };
+  std::size_t degree_;
+  std::unordered_map<std::uint64_t, Record> table_;
+  std::uint64_t prev_ = 0;
+  bool has_prev_ = false;
+  // Chunks the predicted launches use: chunk -> the launch (stamp) that predicted it last;
+  // a chunk is "upcoming" when its stamp is the current one (no clearing per launch).
+  std::unordered_map<ChunkIndex, std::uint64_t> upcoming_;
+  std::uint64_t stamp_ = 0;
+};
+
+// What the oracle knows: every kernel launch's chunk touches, in trace order, with the
+// index of each touch's next use. Built by the simulator (uvm/sim) from the whole trace;
+// the shim has no such thing, which is why `oracle` is simulator-only.
+struct OracleFuture {
+  struct Touch {
+    ChunkIndex chunk;
+    std::uint32_t next;   // index in touches of the next touch of the same chunk and block, or UINT32_MAX
+    std::uint32_t block;  // allocation number (0 = the first on_alloc) of the block holding it
+  };
+  std::vector<Touch> touches;
+  std::vector<std::uint32_t> launch_begin;  // launch i's touches: [launch_begin[i], launch_begin[i+1])
+  std::vector<std::uint32_t> launch_end;
+  std::uint64_t capacity_chunks = 0;        // the budget, in chunks
+};
+
+// `oracle` (simulator only): Belady's MIN eviction (evict the resident chunk used furthest
+// in the future) and perfect prefetch (fetch, in order of need, every upcoming chunk whose
+// next use comes before that of the chunk it would displace, as long as its block exists).
+class OraclePolicy final : public Policy {
+ public:
+  // `future` must outlive the policy.
+  explicit OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches = 256);
+  std::string_view name() const override { return "oracle"; }
+  bool manages_residency() const override { return true; }
+  void on_alloc(const Block& block, Actions& actions) override;
+  void on_launch(const Launch& launch, Actions& actions) override;
+  bool choose_victim(const VictimQuery& query, ChunkIndex* victim) override;
+  void on_residency(ChunkIndex chunk, bool resident) override;
+
+ private:
+  std::uint32_t next_use(ChunkIndex c) const;
+  void set_next_use(ChunkIndex c, std::uint32_t next);
+
+  const OracleFuture& future_;
+  std::size_t max_lookahead_;
+  std::uint32_t allocs_seen_ = 0;
+  std::uint32_t cursor_ = 0;  // launches before this one have been considered for prefetch
+  std::unordered_map<ChunkIndex, std::uint32_t> next_use_;
+  std::set<std::pair<std::uint32_t, ChunkIndex>> resident_;  // (next use, chunk)
+  // Within one launch's planning everything above the last victim is pinned (the Engine
+  // pins what it fetches), so the next search may start there.
+  std::pair<std::uint32_t, ChunkIndex> victim_hint_{};
+  bool hint_valid_ = false;
+};
+
+// Simulator-side factory: every policy of policy_names() plus `oracle` (which needs
+// `future`; nullptr for any other). nullptr for an unknown name.
+const std::vector<std::string_view>& sim_policy_names();
+std::unique_ptr<Policy> make_sim_policy(std::string_view name, const OracleFuture* future);
 
 }  // namespace spillway

@@ -137,6 +137,19 @@ const std::vector<Row>& rows() {
   return table;
 }
 
+// `text` with control characters written as \xNN, so that an error message quoting a
+// bad value stays on one line (a value may contain a newline: DESIGN §7 promises one line).
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) out += fmt::format("\\x{:02x}", u);
+    else out += c;
+  }
+  return out;
+}
+
 std::string accepted_text(const Row& row, const Names& policy_names) {
   if (row.info.field != "policy") return std::string(row.info.accepted);
   return fmt::format("one of {}", fmt::join(policy_names, ", "));
@@ -162,10 +175,10 @@ std::string set_option(Config& config, std::string_view variable, std::string_vi
       config = std::move(candidate);
       return {};
     }
-    return fmt::format("invalid value '{}' for {}: expected {}", value, variable,
+    return fmt::format("invalid value '{}' for {}: expected {}", printable(value), printable(variable),
                        accepted_text(row, policy_names));
   }
-  return fmt::format("unknown setting {}", variable);
+  return fmt::format("unknown setting {}", printable(variable));
 }
 
 ConfigResult read_config(const std::vector<std::string_view>& policy_names,

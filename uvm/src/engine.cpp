@@ -1,6 +1,8 @@
 #include "spillway/engine.h"
 
 #include <algorithm>
+#include <limits>
+#include <unordered_map>
 
 #include "spillway/log.h"
 #include "spillway/size.h"
@@ -32,8 +34,93 @@ class Engine::EngineActions final : public Actions {
   std::vector<Action> list;
 };
 
+// The Engine's residency plan: the chunks it has made (or believes) resident, in least
+// recently used order (an intrusive list over a node pool), each with the launch epoch that
+// pinned it last.
+class Engine::Residency final : public VictimQuery {
+ public:
+  static constexpr std::uint32_t kNil = std::numeric_limits<std::uint32_t>::max();
+
+  bool contains(ChunkIndex c) const { return index_.count(c) != 0; }
+  std::size_t size() const { return index_.size(); }
+  std::uint64_t epoch = 0;
+
+  bool pinned(ChunkIndex c) const override {
+    auto it = index_.find(c);
+    return it != index_.end() && nodes_[it->second].pin == epoch;
+  }
+  void for_each_lru(const std::function<bool(ChunkIndex)>& visit) const override {
+    for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
+      if (!visit(nodes_[n].chunk)) return;
+    }
+  }
+  // Marks `c` most recently used and pinned for this epoch; false if not resident.
+  bool touch_pin(ChunkIndex c) {
+    auto it = index_.find(c);
+    if (it == index_.end()) return false;
+    unlink(it->second);
+    link_tail(it->second);
+    nodes_[it->second].pin = epoch;
+    return true;
+  }
+  void insert_pinned(ChunkIndex c) {
+    std::uint32_t n;
+    if (!free_.empty()) {
+      n = free_.back();
+      free_.pop_back();
+    } else {
+      n = static_cast<std::uint32_t>(nodes_.size());
+      nodes_.push_back({});
+    }
+    nodes_[n] = Node{c, kNil, kNil, epoch};
+    link_tail(n);
+    index_.emplace(c, n);
+  }
+  bool erase(ChunkIndex c) {
+    auto it = index_.find(c);
+    if (it == index_.end()) return false;
+    unlink(it->second);
+    free_.push_back(it->second);
+    index_.erase(it);
+    return true;
+  }
+  // The least recently used unpinned chunk, if any.
+  bool lru_unpinned(ChunkIndex* out) const {
+    for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
+      if (nodes_[n].pin != epoch) {
+        *out = nodes_[n].chunk;
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  struct Node {
+    ChunkIndex chunk = 0;
+    std::uint32_t prev = kNil, next = kNil;
+    std::uint64_t pin = 0;
+  };
+  void unlink(std::uint32_t n) {
+    Node& x = nodes_[n];
+    if (x.prev != kNil) nodes_[x.prev].next = x.next; else head_ = x.next;
+    if (x.next != kNil) nodes_[x.next].prev = x.prev; else tail_ = x.prev;
+    x.prev = x.next = kNil;
+  }
+  void link_tail(std::uint32_t n) {
+    nodes_[n].prev = tail_;
+    nodes_[n].next = kNil;
+    if (tail_ != kNil) nodes_[tail_].next = n; else head_ = n;
+    tail_ = n;
+  }
+  std::unordered_map<ChunkIndex, std::uint32_t> index_;
+  std::vector<Node> nodes_;
+  std::vector<std::uint32_t> free_;
+  std::uint32_t head_ = kNil, tail_ = kNil;
+};
+
 Engine::Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy)
-    : config_(std::move(config)), backend_(backend), policy_(std::move(policy)) {
+    : config_(std::move(config)), backend_(backend), policy_(std::move(policy)), residency_(std::make_unique<Residency>()) {
   counters_.policy = std::string(policy_->name());
 }
 
@@ -150,6 +237,153 @@ void Engine::run_policy_free(const Block& block) {
   EngineActions actions;  // a policy may not move a dying block; requests are dropped
   std::lock_guard lock(mutex_);
   policy_->on_free(block, actions);
+  if (!policy_->manages_residency() || residency_->size() == 0) return;
+  // The block's chunks leave the plan (at no cost: the data is dead). A chunk the block
+  // shares with another live block (sub-chunk blocks in the shim) stays.
+  ChunkIndex first = chunk_of(block.base), last = chunk_of(block.end() - 1);
+  for (ChunkIndex c = first; c <= last; ++c) {
+    if ((c == first && block.base % kChunkBytes != 0 && table_.find(c * kChunkBytes)) ||
+        (c == last && block.end() % kChunkBytes != 0 && table_.find((c + 1) * kChunkBytes - 1))) {
+      continue;
+    }
+    if (residency_->erase(c)) policy_->on_residency(c, false);
+  }
+}
+
+bool Engine::make_room(std::vector<Move>& moves) {
+  const std::uint64_t budget_chunks = budget_bytes() / kChunkBytes;
+  Residency& r = *residency_;
+  while (r.size() >= budget_chunks) {
+    ChunkIndex victim = 0;
+    bool ok = policy_->choose_victim(r, &victim) && r.contains(victim) && !r.pinned(victim);
+    if (!ok && !r.lru_unpinned(&victim)) return false;
+    r.erase(victim);
+    policy_->on_residency(victim, false);
+    moves.push_back(Move{victim, Location::cpu});
+    ++counters_.evicted_chunks;
+  }
+  return true;
+}
+
+void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves) {
+  Residency& r = *residency_;
+  ++r.epoch;
+  auto for_chunks = [](std::uint64_t addr, std::uint64_t bytes, auto&& fn) {
+    if (bytes == 0) return;
+    for (ChunkIndex c = chunk_of(addr), last = chunk_of(addr + bytes - 1); c <= last; ++c) {
+      if (!fn(c)) return;
+    }
+  };
+  // 1. Pin what the launch touches and is already resident.
+  for (const Access& a : launch.accesses) for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { r.touch_pin(c); return true; });
+  // 2. The Policy's evictions.
+  for (const Action& a : actions.list) {
+    if (a.kind != Action::Kind::prefetch || a.where != Location::cpu) continue;
+    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) {
+      if (r.contains(c) && !r.pinned(c)) {
+        r.erase(c);
+        policy_->on_residency(c, false);
+        moves.push_back(Move{c, Location::cpu});
+        ++counters_.evicted_chunks;
+      }
+      return true;
+    });
+  }
+  // 3. The launch's missing footprint, then 4. the Policy's prefetches, in order of need.
+  auto fetch = [&](ChunkIndex c) {
+    if (r.touch_pin(c)) return true;
+    if (!make_room(moves)) {
+      ++counters_.dropped_prefetch_chunks;
+      return false;
+    }
+    r.insert_pinned(c);
+    policy_->on_residency(c, true);
+    moves.push_back(Move{c, Location::gpu});
+    ++counters_.prefetched_chunks;
+    return true;
+  };
+  for (const Access& a : launch.accesses) for_chunks(a.addr, a.bytes, fetch);
+  for (const Action& a : actions.list) {
+    if (a.kind != Action::Kind::prefetch || a.where != Location::gpu) continue;
+    std::optional<Block> b = table_.find(a.addr);
+    if (!b || a.bytes == 0 || a.bytes > b->end() - a.addr) continue;  // not inside one live block
+    bool room = true;
+    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return room = fetch(c); });
+    if (!room) break;
+  }
+}
+
+void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned) {
+  for (const Action& a : actions.list) {
+    if (planned && a.kind == Action::Kind::prefetch) continue;  // went through the plan
+    Result r = a.kind == Action::Kind::prefetch ? backend_.prefetch(a.addr, a.bytes, a.where, device_)
+                                                : backend_.advise(a.addr, a.bytes, a.advice, a.where, device_);
+    std::lock_guard lock(mutex_);
+    if (!r.ok()) {
+      ++counters_.backend_errors;
+      continue;
+    }
+    if (a.kind == Action::Kind::advise) ++counters_.advise_calls;
+    else if (a.where == Location::gpu) counters_.prefetch_to_gpu_bytes += a.bytes;
+    else counters_.evict_to_cpu_bytes += a.bytes;
+  }
+  // Runs of adjacent chunks moving the same way become one Backend call, clipped to the
+  // block that holds them.
+  std::size_t i = 0;
+  while (i < moves.size()) {
+    std::size_t j = i + 1;
+    while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk == moves[j - 1].chunk + 1) ++j;
+    // Split the run at block boundaries: one Backend call per (run, block) piece.
+    std::uint64_t addr = moves[i].chunk * kChunkBytes;
+    const std::uint64_t end = (moves[j - 1].chunk + 1) * kChunkBytes;
+    while (addr < end) {
+      std::optional<Block> b = table_.find(addr);
+      if (!b) {  // a chunk's head may hold no block (sub-chunk blocks): try its other bytes
+        std::optional<Block> tail = table_.find(std::min(end, (addr / kChunkBytes + 1) * kChunkBytes) - 1);
+        if (!tail || tail->base <= addr) {
+          addr = (addr / kChunkBytes + 1) * kChunkBytes;
+          continue;
+        }
+        addr = tail->base;
+        b = tail;
+      }
+      const std::uint64_t piece = std::min(end, b->end()) - addr;
+      Result r = backend_.prefetch(addr, piece, moves[i].to, device_);
+      {
+        std::lock_guard lock(mutex_);
+        if (!r.ok()) ++counters_.backend_errors;
+        else if (moves[i].to == Location::gpu) counters_.prefetch_to_gpu_bytes += piece;
+        else counters_.evict_to_cpu_bytes += piece;
+      }
+      addr += piece;
+    }
+    i = j;
+  }
+}
+
+void Engine::launch(const Launch& launch) {
+  if (!usable()) return;
+  EngineActions actions;
+  std::vector<Move> moves;
+  bool planned = false;
+  {
+    std::lock_guard lock(mutex_);
+    ++counters_.launches;
+    policy_->on_launch(launch, actions);
+    planned = policy_->manages_residency();
+    if (planned) plan_launch(launch, actions, moves);
+  }
+  carry_out(actions, moves, planned);
+}
+
+bool Engine::planned_resident(ChunkIndex chunk) const {
+  std::lock_guard lock(mutex_);
+  return residency_->contains(chunk);
+}
+
+std::uint64_t Engine::planned_resident_chunks() const {
+  std::lock_guard lock(mutex_);
+  return residency_->size();
 }
 
 Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours) {

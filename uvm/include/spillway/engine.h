@@ -37,6 +37,10 @@ struct Stats {
   std::uint64_t budget_bytes = 0;
   std::uint64_t max_managed_bytes = 0;
   std::uint64_t physical_total_bytes = 0;
+  std::uint64_t launches = 0;                 // launches seen (Engine::launch)
+  std::uint64_t evicted_chunks = 0;           // chunks the Engine evicted to keep within the budget
+  std::uint64_t prefetched_chunks = 0;        // chunks the Engine planned onto the GPU
+  std::uint64_t dropped_prefetch_chunks = 0;  // prefetches dropped: no unpinned victim left
   std::string policy;
 };
 
@@ -73,6 +77,21 @@ class Engine {
   std::optional<Block> find(std::uint64_t addr) const { return table_.find(addr); }
   bool owns_base(std::uint64_t addr) const { return table_.find_base(addr).has_value(); }
 
+  // A kernel launch (issue 3, DESIGN §3-4): the Policy sees it first (on_launch). For a
+  // policy that manages residency the Engine then keeps its per-2-MiB-chunk residency plan:
+  // it pins the launch's footprint, carries out the Policy's evictions, makes the missing
+  // footprint and then the Policy's prefetches resident in that order, evicting the chunks
+  // the Policy ranks last (choose_victim, else least recently used) whenever the plan would
+  // exceed budget_bytes(), and hands the moves to the Backend as prefetches (toward the CPU
+  // first, then toward the GPU) coalesced into runs of adjacent chunks. A prefetch that
+  // finds no unpinned victim is dropped (the kernel faults, as under demand paging). The
+  // caller launches the kernel itself afterwards. Thread-safe (serialised with the Policy).
+  void launch(const Launch& launch);
+
+  // The residency plan (policies that manage residency; empty otherwise). Thread-safe.
+  bool planned_resident(ChunkIndex chunk) const;
+  std::uint64_t planned_resident_chunks() const;
+
   // Records an allocation left to the driver (excluded library, non-default pool, ...).
   void note_passed_through(bool excluded);
 
@@ -95,6 +114,14 @@ class Engine {
     EventHandle event;  // 0 while the stream was capturing
   };
   class EngineActions;
+  class Residency;
+  struct Move {
+    ChunkIndex chunk;
+    Location to;
+  };
+  void plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves);
+  bool make_room(std::vector<Move>& moves);
+  void carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned);
 
   bool reserve(std::uint64_t bytes);
   void unreserve(std::uint64_t bytes);
@@ -122,6 +149,7 @@ class Engine {
   mutable std::mutex mutex_;  // guards policy_, pending_ and the counters below
   std::vector<PendingFree> pending_;
   Stats counters_;
+  std::unique_ptr<Residency> residency_;  // guarded by mutex_
 };
 
 }  // namespace spillway

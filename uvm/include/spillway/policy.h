@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -13,12 +15,50 @@
 
 namespace spillway {
 
+// Index of a 2 MiB chunk (the driver's VA block): address / kChunkBytes.
+using ChunkIndex = std::uint64_t;
+inline constexpr ChunkIndex chunk_of(std::uint64_t addr) { return addr / kChunkBytes; }
+
+// Part of a managed block a kernel touches: [addr, addr + bytes), read or written. In the
+// shim it comes from the launch's arguments (pointers into managed blocks, with the extent
+// the Engine learned); in the simulator from the trace's `reads`/`writes`.
+struct Access {
+  std::uint64_t addr = 0;
+  std::uint64_t bytes = 0;
+  bool write = false;
+};
+
+// One kernel launch as a Policy sees it (DESIGN §4). Addresses and chunks only: never a
+// trace's block ids. Valid only during the call it is passed to.
+struct Launch {
+  std::uint64_t seq = 0;          // 0, 1, 2, ...: launches the Engine has seen
+  std::string_view name;          // kernel name (mangled or as the trace names it)
+  std::uint64_t exec_id = 0;      // DeepUM's execution id: hash of the name and the accessed
+                                  // addresses (launch arguments); equal launches, equal ids
+  std::span<const Access> accesses;  // the footprint, in argument order
+  std::uint64_t dur_ns = 0;       // duration estimate in ns (the trace's dur_ns; 0 unknown)
+  std::uint64_t now_ns = 0;       // issue time in ns (simulated time, or a steady clock)
+};
+
+// The Engine's question when it must evict: may `chunk` go? Pinned chunks (the current
+// launch's footprint and what was fetched for it) may not.
+class VictimQuery {
+ public:
+  virtual ~VictimQuery() = default;
+  virtual bool pinned(ChunkIndex chunk) const = 0;
+  // Resident chunks, least recently used first; stops when `visit` returns false.
+  virtual void for_each_lru(const std::function<bool(ChunkIndex)>& visit) const = 0;
+};
+
 // What a Policy asks the Engine to do. The Engine checks each request (budget, live block)
 // before handing it to the Backend.
 class Actions {
  public:
   virtual ~Actions() = default;
+  // Moves [addr, addr + bytes) toward `to`: Location::gpu prefetches (in order of need),
+  // Location::cpu evicts. The range must lie inside one live block.
   virtual void prefetch(std::uint64_t addr, std::uint64_t bytes, Location to) = 0;
+  // Sets advice on [addr, addr + bytes) (cuMemAdvise; `where` is the location argument).
   virtual void advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where) = 0;
 };
 
@@ -31,11 +71,33 @@ class Policy {
   virtual void on_alloc(const Block& block, Actions& actions) { (void)block, (void)actions; }
   // A managed block is about to be released.
   virtual void on_free(const Block& block, Actions& actions) { (void)block, (void)actions; }
+
+  // --- launch-driven policies (issue 3). Defaults keep a policy purely static. ---
+
+  // True when the Engine should manage residency for this policy: keep the chunks it plans
+  // to be resident within the budget (DESIGN §3), prefetch each launch's missing footprint
+  // before the launch, and evict the chunks this policy ranks last (choose_victim, else
+  // least recently used). False: the Engine moves nothing on its own (demand paging).
+  virtual bool manages_residency() const { return false; }
+  // A kernel is about to be launched. Requests made here (prefetches toward the GPU in
+  // order of need, evictions toward the CPU, advice) are carried out before the launch.
+  virtual void on_launch(const Launch& launch, Actions& actions) { (void)launch, (void)actions; }
+  // The Engine must evict one resident chunk: set *victim to an unpinned resident chunk and
+  // return true, or return false to let the Engine take the least recently used one.
+  virtual bool choose_victim(const VictimQuery& query, ChunkIndex* victim) {
+    (void)query, (void)victim;
+    return false;
+  }
+  // The Engine's residency plan changed: `chunk` became resident (true) or left (false).
+  // Only called for policies that manage residency.
+  virtual void on_residency(ChunkIndex chunk, bool resident) { (void)chunk, (void)resident; }
 };
 
-// The policies this build knows, by name (prefetch/policies.cpp).
+// The policies the shim accepts, by name (prefetch/policies.cpp). The simulator-only
+// `oracle` is not among them: make_policy() refuses it (see prefetch/policies.h,
+// make_sim_policy()).
 const std::vector<std::string_view>& policy_names();
-// A new instance of policy `name`; nullptr for an unknown name.
+// A new instance of policy `name`; nullptr for an unknown (or simulator-only) name.
 std::unique_ptr<Policy> make_policy(std::string_view name);
 
 }  // namespace spillway

@@ -1,0 +1,134 @@
+// The shim's added cost, measured side by side in one process against the fake driver
+// (tests/fakecuda):
+//   direct/*  the fake's own functions, as a program without Spillway calls them
+//   shim/*    the same calls through libspillway.so's hooks (Engine, table, statistics)
+// The fake's function pointers are taken before libspillway.so is loaded (dlopen, local),
+// so "direct" never passes through the shim; the shim's exports are taken from its handle.
+//
+//   LD_LIBRARY_PATH=build/fakecuda build/bin/spillway-shim-bench
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+namespace {
+
+using AllocFn = CUresult (*)(CUdeviceptr*, size_t);
+using FreeFn = CUresult (*)(CUdeviceptr);
+using GetProcFn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+struct Api {
+  const char* name = "";
+  AllocFn alloc = nullptr;
+  FreeFn free = nullptr;
+  GetProcFn get_proc = nullptr;
+};
+
+Api g_direct, g_shim;
+CUresult (*g_alloc_managed)(CUdeviceptr*, size_t, unsigned) = nullptr;
+
+// What the shim does underneath, without the shim: cuMemAllocManaged + cuMemFree. The
+// shim's own cost is BM_AllocFree_Shim minus this.
+CUresult alloc_managed_direct(CUdeviceptr* p, size_t bytes) { return g_alloc_managed(p, bytes, CU_MEM_ATTACH_GLOBAL); }
+std::vector<CUdeviceptr> g_live;  // background blocks held through the shim
+
+template <typename T>
+T must(void* handle, const char* name) {
+  void* p = dlsym(handle, name);
+  if (p == nullptr) {
+    std::fprintf(stderr, "shim-bench: %s not found: %s\n", name, dlerror());
+    std::exit(1);
+  }
+  return reinterpret_cast<T>(p);
+}
+
+void setup() {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (driver == nullptr) {
+    std::fprintf(stderr, "shim-bench: cannot load libcuda.so.1 (run with LD_LIBRARY_PATH=build/fakecuda): %s\n", dlerror());
+    std::exit(1);
+  }
+  g_direct = Api{"direct", must<AllocFn>(driver, "cuMemAlloc_v2"), must<FreeFn>(driver, "cuMemFree_v2"),
+                 must<GetProcFn>(driver, "cuGetProcAddress_v2")};
+  g_alloc_managed = must<CUresult (*)(CUdeviceptr*, size_t, unsigned)>(driver, "cuMemAllocManaged");
+  auto init = must<CUresult (*)(unsigned)>(driver, "cuInit");
+  auto retain = must<CUresult (*)(CUcontext*, CUdevice)>(driver, "cuDevicePrimaryCtxRetain");
+  auto set_current = must<CUresult (*)(CUcontext)>(driver, "cuCtxSetCurrent");
+  CUcontext ctx = nullptr;
+  if (init(0) != CUDA_SUCCESS || retain(&ctx, 0) != CUDA_SUCCESS || set_current(ctx) != CUDA_SUCCESS) {
+    std::fprintf(stderr, "shim-bench: driver initialisation failed\n");
+    std::exit(1);
+  }
+  void* shim = dlopen(SPILLWAY_SHIM_PATH, RTLD_NOW | RTLD_LOCAL);
+  if (shim == nullptr) {
+    std::fprintf(stderr, "shim-bench: cannot load %s: %s\n", SPILLWAY_SHIM_PATH, dlerror());
+    std::exit(1);
+  }
+  g_shim = Api{"shim", must<AllocFn>(shim, "cuMemAlloc_v2"), must<FreeFn>(shim, "cuMemFree_v2"),
+               must<GetProcFn>(shim, "cuGetProcAddress_v2")};
+}
+
+void alloc_free(benchmark::State& state, const Api& api) {
+  const size_t bytes = 1 << 20;
+  for (auto _ : state) {
+    CUdeviceptr p = 0;
+    if (api.alloc(&p, bytes) != CUDA_SUCCESS || api.free(p) != CUDA_SUCCESS) {
+      state.SkipWithError("allocation failed");
+      break;
+    }
+    benchmark::DoNotOptimize(p);
+  }
+}
+
+void get_proc(benchmark::State& state, const Api& api) {
+  CUdriverProcAddressQueryResult status;
+  for (auto _ : state) {
+    void* fn = nullptr;
+    api.get_proc("cuMemAlloc", &fn, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+    benchmark::DoNotOptimize(fn);
+  }
+}
+
+// Holds `live` blocks through the shim while measuring, so the table lookups run at size.
+void with_live_blocks(benchmark::State& state, void (*body)(benchmark::State&, const Api&), const Api& api) {
+  const size_t live = static_cast<size_t>(state.range(0));
+  while (g_live.size() < live) {
+    CUdeviceptr p = 0;
+    if (g_shim.alloc(&p, 4096) != CUDA_SUCCESS) break;
+    g_live.push_back(p);
+  }
+  while (g_live.size() > live) {
+    g_shim.free(g_live.back());
+    g_live.pop_back();
+  }
+  body(state, api);
+}
+
+void BM_AllocFree_Direct(benchmark::State& s) { with_live_blocks(s, alloc_free, g_direct); }
+void BM_AllocFree_Shim(benchmark::State& s) { with_live_blocks(s, alloc_free, g_shim); }
+void BM_AllocFree_ManagedDirect(benchmark::State& s) {
+  Api managed{"managed", alloc_managed_direct, g_direct.free, g_direct.get_proc};
+  with_live_blocks(s, alloc_free, managed);
+}
+void BM_GetProcAddress_Direct(benchmark::State& s) { get_proc(s, g_direct); }
+void BM_GetProcAddress_Shim(benchmark::State& s) { get_proc(s, g_shim); }
+
+BENCHMARK(BM_AllocFree_Direct)->Arg(0)->Arg(10000);
+BENCHMARK(BM_AllocFree_ManagedDirect)->Arg(0)->Arg(10000);
+BENCHMARK(BM_AllocFree_Shim)->Arg(0)->Arg(10000);
+BENCHMARK(BM_GetProcAddress_Direct);
+BENCHMARK(BM_GetProcAddress_Shim);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  setup();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

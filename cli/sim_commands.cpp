@@ -1,0 +1,438 @@
+#include "sim_commands.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "policies.h"
+#include "spillway/sim/simulator.h"
+#include "spillway/size.h"
+#include "spillway/trace.h"
+
+namespace spillway::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct UsageError {
+  std::string message;
+};
+
+struct CapacitySpec {
+  std::string text;
+  double fraction = 0;       // of the peak footprint, when bytes == 0
+  std::uint64_t bytes = 0;
+};
+
+std::vector<std::string> split(const std::vector<std::string>& items) {
+  std::vector<std::string> out;
+  for (const std::string& item : items) {
+    std::size_t start = 0;
+    while (start <= item.size()) {
+      std::size_t comma = item.find(',', start);
+      if (comma == std::string::npos) comma = item.size();
+      std::string part = item.substr(start, comma - start);
+      if (!part.empty()) out.push_back(part);
+      start = comma + 1;
+    }
+  }
+  return out;
+}
+
+// "0.5" (a fraction of the peak footprint), "50%", or a size with a unit ("24GiB").
+CapacitySpec parse_capacity(const std::string& text) {
+  CapacitySpec c;
+  c.text = text;
+  if (!text.empty() && text.back() == '%') {
+    try {
+      std::size_t used = 0;
+      double v = std::stod(text.substr(0, text.size() - 1), &used);
+      if (used == text.size() - 1 && v > 0 && v <= 1000) {
+        c.fraction = v / 100;
+        return c;
+      }
+    } catch (...) {
+    }
+    throw UsageError{fmt::format("invalid capacity '{}': expected a fraction of the peak (0.5), a percentage (50%) or a size (24GiB)", text)};
+  }
+  bool plain = text.find_first_not_of("0123456789.") == std::string::npos;
+  if (plain) {
+    try {
+      std::size_t used = 0;
+      double v = std::stod(text, &used);
+      if (used == text.size() && v > 0 && v <= 10) {
+        c.fraction = v;
+        return c;
+      }
+    } catch (...) {
+    }
+  } else if (auto b = parse_size(text); b && *b > 0) {
+    c.bytes = *b;
+    return c;
+  }
+  throw UsageError{fmt::format("invalid capacity '{}': expected a fraction of the peak in (0, 10] (0.5), a percentage (50%) or a size (24GiB)", text)};
+}
+
+std::string seconds(std::uint64_t ns) { return fmt::format("{:.3f} s", ns / 1e9); }
+std::string gbytes(std::uint64_t b) { return fmt::format("{:.1f}", b / 1e9); }
+
+// scripts/plot_sweep.py: $SPILLWAY_PLOT_SCRIPT, next to the build tree or installed tree,
+// or the source tree this program was built from.
+std::string find_plot_script() {
+  if (const char* env = std::getenv("SPILLWAY_PLOT_SCRIPT"); env != nullptr && *env != '\0') return env;
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<fs::path> candidates;
+  if (!ec) {
+    candidates.push_back(exe.parent_path() / ".." / "share" / "spillway" / "plot_sweep.py");
+    candidates.push_back(exe.parent_path() / ".." / ".." / "scripts" / "plot_sweep.py");
+  }
+  candidates.push_back(fs::path(SPILLWAY_SOURCE_DIR) / "scripts" / "plot_sweep.py");
+  for (const fs::path& p : candidates) {
+    if (fs::exists(p, ec)) return fs::weakly_canonical(p, ec).string();
+  }
+  return {};
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += "'\\''";
+    else out += c;
+  }
+  return out + "'";
+}
+
+}  // namespace
+
+struct SimCommands::Options {
+  CLI::App* sweep = nullptr;
+  CLI::App* replay = nullptr;
+  std::vector<std::string> traces;
+  std::vector<std::string> policies;
+  std::vector<std::string> capacities;
+  std::string link = "pcie5";
+  std::string csv, plot, timeline;
+  int jobs = 0;
+  bool quiet = false;
+  // Parameter overrides (unset: the link profile's / the model's default).
+  std::optional<double> h2d_gbps, d2h_gbps, fault_batch_us, fault_slowdown, density, remote_eff;
+  std::optional<std::uint32_t> fault_batch_size;
+  std::string fault_granularity;
+  // replay
+  std::string replay_trace, replay_policy, replay_capacity;
+
+  void add_model_options(CLI::App* cmd) {
+    cmd->add_option("--link", link, "link profile: pcie3, pcie4, pcie5, c2c, h200 (placeholder) [pcie5]");
+    cmd->add_option("--h2d-bandwidth", h2d_gbps, "override the link's host-to-GPU bandwidth, GB/s (1e9 B/s)");
+    cmd->add_option("--d2h-bandwidth", d2h_gbps, "override the link's GPU-to-host bandwidth, GB/s");
+    cmd->add_option("--fault-batch-us", fault_batch_us, "cost of one fault batch, us [45: G10/UVMSmart]");
+    cmd->add_option("--fault-batch-size", fault_batch_size, "faults per batch [256: uvm_perf_fault_batch_count]");
+    cmd->add_option("--fault-granularity", fault_granularity, "fault granularity [64KiB: UVM big page]");
+    cmd->add_option("--fault-slowdown", fault_slowdown, "fault-driven migration is this many times slower than a prefetch [10]");
+    cmd->add_option("--density-threshold", density, "density prefetcher threshold, 0-1 [0.51: uvm_perf_prefetch_threshold]");
+    cmd->add_option("--remote-efficiency", remote_eff, "remote (zero-copy) access at this share of H2D bandwidth [1.0]");
+  }
+
+  sim::SimParams params() const {
+    sim::SimParams p = sim::default_params();
+    auto l = sim::find_link(link);
+    if (!l) throw UsageError{fmt::format("unknown link '{}': expected pcie3, pcie4, pcie5, c2c or h200", link)};
+    p.link = *l;
+    auto positive = [](const char* what, double v) {
+      if (!(v > 0)) throw UsageError{fmt::format("{} must be positive, not {}", what, v)};
+      return v;
+    };
+    if (h2d_gbps) p.link.h2d_bytes_per_s = positive("--h2d-bandwidth", *h2d_gbps) * 1e9;
+    if (d2h_gbps) p.link.d2h_bytes_per_s = positive("--d2h-bandwidth", *d2h_gbps) * 1e9;
+    if (fault_batch_us) {
+      if (*fault_batch_us < 0) throw UsageError{"--fault-batch-us must not be negative"};
+      p.link.fault_batch_ns = static_cast<std::uint64_t>(*fault_batch_us * 1e3);
+    }
+    if (fault_batch_size) {
+      if (*fault_batch_size == 0) throw UsageError{"--fault-batch-size must be positive"};
+      p.fault_batch_size = *fault_batch_size;
+    }
+    if (!fault_granularity.empty()) {
+      auto g = parse_size(fault_granularity);
+      if (!g || *g == 0 || *g > kChunkBytes) throw UsageError{fmt::format("invalid --fault-granularity '{}': a size from 1 B to 2MiB", fault_granularity)};
+      p.fault_granularity_bytes = *g;
+    }
+    if (fault_slowdown) p.fault_slowdown = std::max(1.0, positive("--fault-slowdown", *fault_slowdown));
+    if (density) {
+      if (*density < 0 || *density > 1) throw UsageError{"--density-threshold must be between 0 and 1"};
+      p.density_threshold = *density;
+    }
+    if (remote_eff) p.remote_efficiency = positive("--remote-efficiency", *remote_eff);
+    return p;
+  }
+};
+
+SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
+  Options& o = *o_;
+  o.sweep = app.add_subcommand("sweep",
+                               "Simulate traces under each policy at each GPU capacity and print time against the lower bound.");
+  o.sweep->add_option("traces", o.traces, "trace files (spillway-trace v1, .jsonl or .jsonl.gz)")->required();
+  o.sweep->add_option("--policy", o.policies, "policies, comma-separated [demand,advise,sequential,correlation,oracle]")
+      ->delimiter(',');
+  o.sweep->add_option("--capacity", o.capacities,
+                      "GPU capacities: fractions of the trace's peak footprint (0.5), percentages, or sizes (24GiB) [0.667,0.5]")
+      ->delimiter(',');
+  o.sweep->add_option("--csv", o.csv, "write the results as CSV to FILE");
+  o.sweep->add_option("--plot", o.plot, "plot time / bound against capacity to FILE.png or FILE.svg (python3-matplotlib)");
+  o.sweep->add_option("--jobs,-j", o.jobs, "simulations run in parallel [number of CPUs]");
+  o.sweep->add_flag("--quiet,-q", o.quiet, "no progress line");
+  o.add_model_options(o.sweep);
+
+  o.replay = app.add_subcommand("replay", "Simulate one trace under one policy at one capacity; optionally write a timeline.");
+  o.replay->add_option("trace", o.replay_trace, "trace file")->required();
+  o.replay->add_option("--policy", o.replay_policy, "policy [demand]");
+  o.replay->add_option("--capacity", o.replay_capacity, "GPU capacity: fraction of the peak, percentage or size [0.5]");
+  o.replay->add_option("--timeline", o.timeline, "write a Chrome/Perfetto trace-event timeline (JSON) to FILE");
+  o.add_model_options(o.replay);
+}
+
+SimCommands::~SimCommands() = default;
+
+bool SimCommands::parsed() const { return o_->sweep->parsed() || o_->replay->parsed(); }
+
+namespace {
+
+void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows) {
+  std::size_t w = 5;
+  for (const auto& r : rows) w = std::max(w, r.trace.size());
+  out << fmt::format("{:<{}}  {:>14}  {:<11}  {:>11}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n", "trace", w, "capacity",
+                     "policy", "time", "xbound", "xunlim", "H2D GB", "D2H GB", "faults", "pf acc");
+  for (const auto& r : rows) {
+    std::string acc = r.sim.prefetch_bytes == 0 ? std::string("-")
+                                                : fmt::format("{:.1f}%", 100.0 * r.sim.prefetch_used_bytes / r.sim.prefetch_bytes);
+    out << fmt::format("{:<{}}  {:>14}  {:<11}  {:>11}  {:>7.2f}  {:>7.2f}  {:>8}  {:>8}  {:>10}  {:>8}\n", r.trace, w,
+                       fmt::format("{} ({:.3f})", format_bytes(r.capacity_bytes), r.capacity_frac), r.policy,
+                       seconds(r.sim.time_ns), static_cast<double>(r.sim.time_ns) / r.bound_ns,
+                       static_cast<double>(r.sim.time_ns) / std::max<std::uint64_t>(1, r.sim.compute_ns), gbytes(r.sim.h2d_bytes),
+                       gbytes(r.sim.d2h_bytes), r.sim.faults, acc);
+  }
+}
+
+void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path));
+  out << "trace,policy,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
+         "prefetch_bytes,prefetch_used_bytes\n";
+  for (const auto& r : rows) {
+    out << fmt::format("{},{},{},{},{:.4f},{},{},{},{},{},{},{},{}\n", r.trace, r.policy, r.link, r.capacity_bytes,
+                       r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns, r.sim.h2d_bytes, r.sim.d2h_bytes,
+                       r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes);
+  }
+  if (!out) throw std::runtime_error(fmt::format("{}: write failed", path));
+}
+
+std::uint64_t capacity_bytes(const CapacitySpec& c, const sim::CompiledTrace& t) {
+  if (c.bytes != 0) return c.bytes / kChunkBytes * kChunkBytes;
+  return static_cast<std::uint64_t>(c.fraction * static_cast<double>(t.peak_bytes)) / kChunkBytes * kChunkBytes;
+}
+
+void check_policies(const std::vector<std::string>& policies) {
+  for (const std::string& p : policies) {
+    const auto& names = sim_policy_names();
+    if (std::find(names.begin(), names.end(), p) == names.end()) {
+      throw UsageError{fmt::format("unknown policy '{}': expected {}", p, fmt::join(names, ", "))};
+    }
+  }
+}
+
+int run_sweep(SimCommands::Options& o);
+int run_replay(SimCommands::Options& o);
+
+}  // namespace
+
+int SimCommands::run() {
+  try {
+    return o_->sweep->parsed() ? run_sweep(*o_) : run_replay(*o_);
+  } catch (const UsageError& e) {
+    std::cerr << "spillway: " << e.message << '\n';
+    return 2;
+  } catch (const trace::TraceError& e) {
+    std::cerr << "spillway: " << e.what() << '\n';
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "spillway: " << e.what() << '\n';
+    return 1;
+  }
+}
+
+namespace {
+
+int run_sweep(SimCommands::Options& o) {
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::string> policies = split(o.policies);
+  if (policies.empty()) for (auto n : sim_policy_names()) policies.emplace_back(n);
+  check_policies(policies);
+  std::vector<std::string> cap_text = split(o.capacities);
+  if (cap_text.empty()) cap_text = {"0.667", "0.5"};
+  std::vector<CapacitySpec> caps;
+  for (const std::string& c : cap_text) caps.push_back(parse_capacity(c));
+  sim::SimParams base = o.params();
+  if (!o.plot.empty() && !(o.plot.ends_with(".png") || o.plot.ends_with(".svg") || o.plot.ends_with(".pdf"))) {
+    throw UsageError{fmt::format("--plot '{}': the file name must end in .png, .svg or .pdf", o.plot)};
+  }
+  unsigned jobs = o.jobs > 0 ? static_cast<unsigned>(o.jobs) : std::max(1u, std::thread::hardware_concurrency());
+  const bool progress = !o.quiet && isatty(STDERR_FILENO);
+
+  // Read and compile the traces (in parallel); the first error in trace order wins.
+  std::vector<std::unique_ptr<sim::CompiledTrace>> traces(o.traces.size());
+  std::vector<std::string> errors(o.traces.size());
+  {
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+      for (std::size_t i; (i = next++) < o.traces.size();) {
+        try {
+          traces[i] = std::make_unique<sim::CompiledTrace>(sim::compile_file(o.traces[i]));
+        } catch (const trace::TraceError& e) {
+          errors[i] = e.what();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned j = 1; j < std::min<std::size_t>(jobs, o.traces.size()); ++j) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+  }
+  for (const std::string& e : errors) {
+    if (!e.empty()) {
+      std::cerr << "spillway: " << e << '\n';
+      return 2;
+    }
+  }
+
+  struct Cell {
+    std::size_t trace, cap, policy;
+  };
+  std::vector<Cell> cells;
+  for (std::size_t t = 0; t < traces.size(); ++t)
+    for (std::size_t c = 0; c < caps.size(); ++c)
+      for (std::size_t p = 0; p < policies.size(); ++p) cells.push_back({t, c, p});
+  // The bound of each (trace, capacity), shared by its policies.
+  std::vector<std::uint64_t> fetches(traces.size() * caps.size(), 0);
+  std::vector<std::once_flag> fetch_once(traces.size() * caps.size());
+  // Run the costliest cells first (more chunk touches; oracle and correlation do the most
+  // work per touch) so that no long cell is left alone at the end; results keep table order.
+  std::vector<std::size_t> order(cells.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto cost = [&](const Cell& c) {
+    const std::string& p = policies[c.policy];
+    double weight = p == "oracle" ? 4 : p == "correlation" ? 2.5 : p == "sequential" ? 1.5 : 1;
+    return static_cast<double>(traces[c.trace]->touches.size()) * weight;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost(cells[a]) > cost(cells[b]); });
+  std::vector<sim::CellResult> results(cells.size());
+  std::atomic<std::size_t> next{0}, done{0};
+  std::mutex print_mutex;
+  std::exception_ptr failure;
+  auto work = [&] {
+    for (std::size_t n; (n = next++) < cells.size();) {
+      const std::size_t i = order[n];
+      const Cell& cell = cells[i];
+      const sim::CompiledTrace& t = *traces[cell.trace];
+      sim::SimParams p = base;
+      p.capacity_bytes = capacity_bytes(caps[cell.cap], t);
+      std::size_t key = cell.trace * caps.size() + cell.cap;
+      try {
+        std::call_once(fetch_once[key], [&] { fetches[key] = sim::min_fetches(t, p.capacity_bytes / kChunkBytes); });
+        results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &fetches[key]);
+      } catch (...) {
+        std::lock_guard lock(print_mutex);
+        if (!failure) failure = std::current_exception();
+        next = cells.size();
+        return;
+      }
+      std::size_t finished = ++done;
+      if (progress) {
+        std::lock_guard lock(print_mutex);
+        std::cerr << fmt::format("\r\033[Kspillway sweep: {}/{} cells ({} {} {})", finished, cells.size(), t.name,
+                                 policies[cell.policy], caps[cell.cap].text)
+                  << std::flush;
+      }
+    }
+  };
+  {
+    std::vector<std::thread> pool;
+    for (unsigned j = 1; j < std::min<std::size_t>(jobs, cells.size()); ++j) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+  }
+  if (progress) std::cerr << "\r\033[K" << std::flush;
+  if (failure) std::rethrow_exception(failure);
+
+  print_table(std::cout, results);
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << fmt::format("{} simulations on {} ({:.1f} GB/s H2D) in {:.2f} s wall, {} jobs; xbound = time / max(compute, "
+                           "MIN fetches / H2D bandwidth), xunlim = time / compute\n",
+                           cells.size(), base.link.name, base.link.h2d_bytes_per_s / 1e9, wall, jobs);
+  std::string csv = o.csv;
+  std::string tmp_csv;
+  if (!o.plot.empty() && csv.empty()) {
+    tmp_csv = (fs::temp_directory_path() / fmt::format("spillway-sweep-{}.csv", getpid())).string();
+    csv = tmp_csv;
+  }
+  if (!csv.empty()) write_csv(csv, results);
+  if (!o.csv.empty()) std::cout << "CSV: " << o.csv << '\n';
+  if (!o.plot.empty()) {
+    std::string script = find_plot_script();
+    if (script.empty()) throw std::runtime_error("cannot find scripts/plot_sweep.py (set SPILLWAY_PLOT_SCRIPT)");
+    // Debian's python3-matplotlib lives with /usr/bin/python3 (a pyenv or venv python3 on
+    // PATH may lack it); $SPILLWAY_PYTHON overrides.
+    std::string python = "python3";
+    if (const char* env = std::getenv("SPILLWAY_PYTHON"); env != nullptr && *env != '\0') python = env;
+    else if (std::error_code ec; fs::exists("/usr/bin/python3", ec)) python = "/usr/bin/python3";
+    std::string cmd = fmt::format("{} {} {} {}", shell_quote(python), shell_quote(script), shell_quote(csv), shell_quote(o.plot));
+    int rc = std::system(cmd.c_str());
+    if (!tmp_csv.empty()) fs::remove(tmp_csv);
+    if (rc != 0) throw std::runtime_error(fmt::format("plotting failed ({}): is python3-matplotlib installed?", cmd));
+    std::cout << "plot: " << o.plot << '\n';
+  }
+  return 0;
+}
+
+int run_replay(SimCommands::Options& o) {
+  std::string policy = o.replay_policy.empty() ? "demand" : o.replay_policy;
+  check_policies({policy});
+  CapacitySpec cap = parse_capacity(o.replay_capacity.empty() ? "0.5" : o.replay_capacity);
+  sim::SimParams p = o.params();
+  sim::CompiledTrace t = sim::compile_file(o.replay_trace);
+  p.capacity_bytes = capacity_bytes(cap, t);
+  std::vector<sim::Span> spans;
+  sim::CellResult r = sim::run_cell(t, policy, p, o.timeline.empty() ? nullptr : &spans);
+  print_table(std::cout, {r});
+  const auto& s = r.sim;
+  std::cout << fmt::format(
+      "kernels {}, compute {}, peak footprint {}; stalls: faults {} ({} batches), waiting for prefetches {}\n"
+      "prefetched {} GB ({} GB used), read remotely {} GB, driver evictions {} chunks, engine evictions {} chunks\n"
+      "lower bound {} (MIN fetches {} x 2 MiB)\n",
+      t.kernel_count, seconds(t.compute_ns), format_bytes(t.peak_bytes), seconds(s.fault_stall_ns), s.fault_batches,
+      seconds(s.wait_ns), gbytes(s.prefetch_bytes), gbytes(s.prefetch_used_bytes), gbytes(s.remote_bytes), s.driver_evictions,
+      r.engine.evicted_chunks, seconds(r.bound_ns), r.min_fetch_chunks);
+  if (!o.timeline.empty()) {
+    sim::write_timeline(o.timeline, t, r, spans);
+    std::cout << "timeline: " << o.timeline << " (" << spans.size() << " spans; open in ui.perfetto.dev)\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+}  // namespace spillway::cli

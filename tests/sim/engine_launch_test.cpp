@@ -1,0 +1,209 @@
+// Engine::launch (issue 3): the residency plan per 2 MiB chunk, budget-driven eviction,
+// the order and coalescing of the Backend calls, and the Policy hooks — with a Backend that
+// only records what it is asked.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "policies.h"
+#include "spillway/engine.h"
+
+namespace spillway {
+namespace {
+
+struct Call {
+  std::uint64_t addr, bytes;
+  Location to;
+};
+
+class RecordingBackend final : public Backend {
+ public:
+  explicit RecordingBackend(std::uint64_t gpu_bytes) : gpu_(gpu_bytes) {}
+  Result memory_info(std::uint64_t* f, std::uint64_t* t) override {
+    *f = *t = gpu_;
+    return {};
+  }
+  std::uint64_t host_memory_bytes() override { return 1ull << 40; }
+  bool concurrent_managed_access() override { return true; }
+  int current_device() override { return 0; }
+  Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
+    *addr = next_;
+    next_ += (bytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
+    return {};
+  }
+  Result free_managed(std::uint64_t) override { return {}; }
+  Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) override {
+    calls.push_back({addr, bytes, to});
+    return {};
+  }
+  Result advise(std::uint64_t, std::uint64_t, Advice, Location, int) override { return {}; }
+  bool is_capturing(StreamHandle) override { return false; }
+  Result record_event(StreamHandle, EventHandle* e) override {
+    *e = 1;
+    return {};
+  }
+  Result event_done(EventHandle) override { return {}; }
+  void destroy_event(EventHandle) override {}
+  Result wait_event(EventHandle) override { return {}; }
+
+  std::vector<Call> calls;
+
+ private:
+  std::uint64_t gpu_;
+  std::uint64_t next_ = 1ull << 40;
+};
+
+// Manages residency, prefetches nothing itself, records residency notifications.
+class PlanOnly final : public Policy {
+ public:
+  std::string_view name() const override { return "plan-only"; }
+  bool manages_residency() const override { return true; }
+  void on_residency(ChunkIndex c, bool r) override { events.push_back((r ? "+" : "-") + std::to_string(c)); }
+  std::vector<std::string> events;
+};
+
+struct Fixture {
+  explicit Fixture(std::uint64_t budget_chunks, std::unique_ptr<Policy> p = std::make_unique<PlanOnly>())
+      : backend(budget_chunks * kChunkBytes), policy(p.get()), engine(Config{}, backend, std::move(p)) {}
+  std::uint64_t alloc(std::uint64_t bytes) {
+    std::uint64_t a = 0;
+    EXPECT_TRUE(engine.allocate(bytes, AllocKind::alloc, 0, &a).ok());
+    return a;
+  }
+  void launch(std::vector<Access> acc) {
+    Launch l;
+    l.seq = seq++;
+    l.name = "k";
+    l.accesses = acc;
+    engine.launch(l);
+  }
+  RecordingBackend backend;
+  Policy* policy;
+  Engine engine;
+  std::uint64_t seq = 0;
+};
+
+TEST(EngineLaunch, FetchesTheFootprintAsOneCoalescedCall) {
+  Fixture f(8);
+  std::uint64_t a = f.alloc(5 * kChunkBytes);
+  f.launch({{a, 5 * kChunkBytes, false}});
+  ASSERT_EQ(f.backend.calls.size(), 1u);
+  EXPECT_EQ(f.backend.calls[0].addr, a);
+  EXPECT_EQ(f.backend.calls[0].bytes, 5 * kChunkBytes);
+  EXPECT_EQ(f.backend.calls[0].to, Location::gpu);
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 5u);
+  f.launch({{a, 5 * kChunkBytes, false}});  // resident: nothing to move
+  EXPECT_EQ(f.backend.calls.size(), 1u);
+  EXPECT_EQ(f.engine.stats().launches, 2u);
+}
+
+TEST(EngineLaunch, RunsAreSplitAtBlockBoundariesAndClippedToBlocks) {
+  Fixture f(8);
+  std::uint64_t a = f.alloc(kChunkBytes + 100);  // 2 chunks, the second mostly empty
+  std::uint64_t b = f.alloc(kChunkBytes);
+  ASSERT_EQ(b, a + 2 * kChunkBytes);
+  f.launch({{a, kChunkBytes + 100, false}, {b, kChunkBytes, true}});
+  ASSERT_EQ(f.backend.calls.size(), 2u);
+  EXPECT_EQ(f.backend.calls[0].addr, a);
+  EXPECT_EQ(f.backend.calls[0].bytes, kChunkBytes + 100);
+  EXPECT_EQ(f.backend.calls[1].addr, b);
+  EXPECT_EQ(f.backend.calls[1].bytes, kChunkBytes);
+}
+
+TEST(EngineLaunch, EvictsLeastRecentlyUsedWithinTheBudgetBeforeFetching) {
+  Fixture f(2);
+  std::uint64_t a = f.alloc(kChunkBytes), b = f.alloc(kChunkBytes), c = f.alloc(kChunkBytes);
+  f.launch({{a, kChunkBytes, false}});
+  f.launch({{b, kChunkBytes, false}});
+  f.launch({{a, kChunkBytes, false}});  // a is now more recent than b
+  f.backend.calls.clear();
+  f.launch({{c, kChunkBytes, false}});
+  ASSERT_EQ(f.backend.calls.size(), 2u);
+  EXPECT_EQ(f.backend.calls[0].addr, b);  // out first ...
+  EXPECT_EQ(f.backend.calls[0].to, Location::cpu);
+  EXPECT_EQ(f.backend.calls[1].addr, c);  // ... then in
+  EXPECT_EQ(f.backend.calls[1].to, Location::gpu);
+  EXPECT_TRUE(f.engine.planned_resident(chunk_of(a)));
+  EXPECT_FALSE(f.engine.planned_resident(chunk_of(b)));
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 2u);
+  EXPECT_EQ(f.engine.stats().evicted_chunks, 1u);
+}
+
+TEST(EngineLaunch, NeverEvictsTheLaunchsOwnFootprint) {
+  Fixture f(2);
+  std::uint64_t a = f.alloc(3 * kChunkBytes);
+  f.launch({{a, 3 * kChunkBytes, false}});  // 3 chunks, room for 2: the third is left to fault
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 2u);
+  EXPECT_EQ(f.engine.stats().dropped_prefetch_chunks, 1u);
+  for (const Call& c : f.backend.calls) EXPECT_EQ(c.to, Location::gpu);
+}
+
+TEST(EngineLaunch, FreeDropsTheBlocksChunksFromThePlan) {
+  Fixture f(4);
+  std::uint64_t a = f.alloc(2 * kChunkBytes);
+  f.launch({{a, 2 * kChunkBytes, false}});
+  bool ours = false;
+  ASSERT_TRUE(f.engine.release(a, std::nullopt, &ours).ok());
+  EXPECT_TRUE(ours);
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 0u);
+  auto& ev = static_cast<PlanOnly*>(f.policy)->events;
+  EXPECT_EQ(ev, (std::vector<std::string>{"+" + std::to_string(chunk_of(a)), "+" + std::to_string(chunk_of(a) + 1),
+                                          "-" + std::to_string(chunk_of(a)), "-" + std::to_string(chunk_of(a) + 1)}));
+}
+
+TEST(EngineLaunch, DemandPolicyMovesNothing) {
+  Fixture f(2, make_policy("demand"));
+  std::uint64_t a = f.alloc(4 * kChunkBytes);
+  f.launch({{a, 4 * kChunkBytes, false}});
+  EXPECT_TRUE(f.backend.calls.empty());
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 0u);
+}
+
+TEST(EngineLaunch, PolicyPrefetchesOutsideLiveBlocksAreDropped) {
+  class Wild final : public Policy {
+   public:
+    std::string_view name() const override { return "wild"; }
+    bool manages_residency() const override { return true; }
+    void on_launch(const Launch&, Actions& a) override { a.prefetch(0x1000, kChunkBytes, Location::gpu); }
+  };
+  Fixture f(4, std::make_unique<Wild>());
+  std::uint64_t a = f.alloc(kChunkBytes);
+  f.launch({{a, kChunkBytes, false}});
+  ASSERT_EQ(f.backend.calls.size(), 1u);
+  EXPECT_EQ(f.backend.calls[0].addr, a);
+}
+
+TEST(EngineLaunch, CorrelationPrefetchesWhatFollowedLastTime) {
+  Fixture f(2, make_policy("correlation"));
+  std::uint64_t a = f.alloc(kChunkBytes), b = f.alloc(kChunkBytes), c = f.alloc(kChunkBytes);
+  auto run = [&](std::uint64_t addr, std::uint64_t id) {
+    Launch l;
+    l.seq = f.seq++;
+    l.name = "k";
+    l.exec_id = id;
+    std::vector<Access> acc{{addr, kChunkBytes, false}};
+    l.accesses = acc;
+    f.engine.launch(l);
+  };
+  run(a, 1);
+  run(b, 2);
+  run(c, 3);  // the budget holds 2 chunks: a (least recently used) left
+  EXPECT_FALSE(f.engine.planned_resident(chunk_of(a)));
+  f.backend.calls.clear();
+  run(a, 1);
+  // Launch 1 needs a (b goes, the least recently used); last time 1 was followed by 2,
+  // which used b: the policy prefetches b, and c (used by 3, after 2) goes to make room.
+  ASSERT_EQ(f.backend.calls.size(), 4u);
+  EXPECT_EQ(f.backend.calls[0].addr, b);
+  EXPECT_EQ(f.backend.calls[0].to, Location::cpu);
+  EXPECT_EQ(f.backend.calls[1].addr, a);
+  EXPECT_EQ(f.backend.calls[1].to, Location::gpu);
+  EXPECT_EQ(f.backend.calls[2].addr, c);
+  EXPECT_EQ(f.backend.calls[2].to, Location::cpu);
+  EXPECT_EQ(f.backend.calls[3].addr, b);
+  EXPECT_EQ(f.backend.calls[3].to, Location::gpu);
+}
+
+}  // namespace
+}  // namespace spillway

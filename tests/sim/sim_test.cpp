@@ -1,0 +1,362 @@
+// The simulator (issue 3 §3-5, §7): hand-computed tiny traces, conservation, capacity,
+// unlimited memory, ordering against the oracle and the bound, determinism, placement.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "policies.h"
+#include "spillway/sim/simulator.h"
+
+namespace spillway::sim {
+namespace {
+
+constexpr std::uint64_t MiB = 1 << 20;
+constexpr std::uint64_t kMs = 1'000'000;  // ns
+
+// Builds a trace in memory.
+struct Builder {
+  trace::Trace t;
+  Builder() { t.path = "test.jsonl"; }
+  Builder& alloc(std::uint64_t id, std::uint64_t bytes) {
+    trace::Event e;
+    e.kind = trace::EventKind::alloc;
+    e.id = id;
+    e.bytes = bytes;
+    live[id] = bytes;
+    t.events.push_back(e);
+    return *this;
+  }
+  Builder& free(std::uint64_t id) {
+    trace::Event e;
+    e.kind = trace::EventKind::free;
+    e.id = id;
+    t.events.push_back(e);
+    return *this;
+  }
+  Builder& kernel(const std::string& name, std::uint64_t dur, std::vector<std::uint64_t> reads,
+                  std::vector<std::uint64_t> writes = {}) {
+    trace::Event e;
+    e.kind = trace::EventKind::kernel;
+    e.name = name;
+    e.dur_ns = dur;
+    for (auto id : reads) e.reads.push_back(trace::Range{id, 0, live.at(id), true});
+    for (auto id : writes) e.writes.push_back(trace::Range{id, 0, live.at(id), true});
+    t.events.push_back(e);
+    return *this;
+  }
+  CompiledTrace compile() const { return sim::compile(t); }
+  std::map<std::uint64_t, std::uint64_t> live;
+};
+
+// A link that moves one 2 MiB chunk per ms each way, 10 us per fault batch, faults 2x slower.
+SimParams slow_link(std::uint64_t capacity_chunks) {
+  SimParams p = default_params();
+  p.link = LinkProfile{"test", 2097152e3, 2097152e3, 10'000, "test"};
+  p.fault_slowdown = 2.0;
+  p.capacity_bytes = capacity_chunks * kChunkBytes;
+  return p;
+}
+
+CompiledTrace three_blocks() {
+  Builder b;
+  b.alloc(1, 2 * MiB).alloc(2, 2 * MiB).alloc(3, 2 * MiB);
+  b.kernel("k1", kMs, {}, {1}).kernel("k2", kMs, {}, {2}).kernel("k3", kMs, {}, {3}).kernel("k4", kMs, {1});
+  return b.compile();
+}
+
+// A training-like loop: weights persist; each iteration allocates activations in forward
+// order, reads them back in reverse in backward, frees them.
+CompiledTrace training_loop(int iterations, int layers, std::uint64_t act_bytes, std::uint64_t weight_bytes) {
+  Builder b;
+  std::uint64_t id = 0;
+  std::vector<std::uint64_t> weights;
+  for (int l = 0; l < layers; ++l) {
+    b.alloc(++id, weight_bytes);
+    weights.push_back(id);
+  }
+  for (int it = 0; it < iterations; ++it) {
+    std::vector<std::uint64_t> acts;
+    for (int l = 0; l < layers; ++l) {
+      b.alloc(++id, act_bytes);
+      std::vector<std::uint64_t> in{weights[l]};
+      if (!acts.empty()) in.push_back(acts.back());
+      b.kernel("fwd" + std::to_string(l), 2 * kMs, in, {id});
+      acts.push_back(id);
+    }
+    for (int l = layers - 1; l >= 0; --l) {
+      b.kernel("bwd" + std::to_string(l), 3 * kMs, {weights[l], acts[l]}, {weights[l]});
+      b.free(acts[l]);
+    }
+  }
+  return b.compile();
+}
+
+// Random blocks and kernels (seeded): sub-chunk and multi-chunk blocks, partial ranges.
+CompiledTrace random_trace(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Builder b;
+  std::vector<std::uint64_t> live;
+  std::uint64_t next = 1;
+  for (int step = 0; step < 400; ++step) {
+    int what = static_cast<int>(rng() % 10);
+    if (what < 3 || live.size() < 3) {
+      std::uint64_t bytes = 1 + rng() % (5 * kChunkBytes);
+      b.alloc(next, bytes);
+      live.push_back(next++);
+    } else if (what < 4 && live.size() > 3) {
+      std::size_t i = rng() % live.size();
+      b.free(live[i]);
+      b.live.erase(live[i]);
+      live.erase(live.begin() + static_cast<long>(i));
+    } else {
+      trace::Event e;
+      e.kind = trace::EventKind::kernel;
+      e.name = "k" + std::to_string(rng() % 7);
+      e.dur_ns = 1000 + rng() % (2 * kMs);
+      int n = 1 + static_cast<int>(rng() % 4);
+      for (int j = 0; j < n; ++j) {
+        std::uint64_t id = live[rng() % live.size()];
+        std::uint64_t bytes = b.live.at(id);
+        std::uint64_t off = rng() % bytes;
+        trace::Range r{id, off, 1 + rng() % (bytes - off), false};
+        (rng() % 2 ? e.reads : e.writes).push_back(r);
+      }
+      b.t.events.push_back(e);
+    }
+  }
+  return b.compile();
+}
+
+const std::vector<std::string> kPolicies{"demand", "advise", "sequential", "correlation", "oracle"};
+
+void expect_invariants(const CellResult& r, std::uint64_t capacity_chunks, const std::string& what) {
+  const SimStats& s = r.sim;
+  EXPECT_EQ(s.chunks_in, s.chunks_evicted + s.chunks_dropped + s.resident_chunks) << what << ": conservation";
+  EXPECT_LE(s.peak_occupied_chunks, capacity_chunks) << what << ": capacity exceeded";
+  EXPECT_GE(s.time_ns, s.compute_ns) << what;
+  EXPECT_GE(s.time_ns, r.bound_ns) << what << ": beat the lower bound";
+  EXPECT_LE(s.prefetch_used_bytes, s.prefetch_bytes) << what;
+  EXPECT_EQ(s.prefetch_bytes % kChunkBytes, 0u) << what;
+}
+
+TEST(SimTest, DemandHandComputed) {
+  CompiledTrace t = three_blocks();
+  CellResult r = run_cell(t, "demand", slow_link(2));
+  // k1, k2: first touches, free (0-2 ms). k3: GPU full, the driver writes back the oldest
+  // chunk (block 1, 2-3 ms), then C is created (3-4 ms). k4 faults block 1 back: the
+  // driver writes back block 2 (4-5 ms), migrates block 1 at half speed (5-7 ms), one batch
+  // of 17 faults (density prefetcher: 17 of 32 64 KiB regions) costs 10 us; k4 runs 7.01-8.01.
+  EXPECT_EQ(r.sim.time_ns, 8 * kMs + 10'000);
+  EXPECT_EQ(r.sim.compute_ns, 4 * kMs);
+  EXPECT_EQ(r.sim.faults, 17u);
+  EXPECT_EQ(r.sim.h2d_bytes, 2 * MiB);
+  EXPECT_EQ(r.sim.d2h_bytes, 4 * MiB);
+  EXPECT_EQ(r.sim.driver_evictions, 2u);
+  EXPECT_EQ(r.min_fetch_chunks, 0u);  // MIN keeps block 1 and reads nothing: 2 and 3 bypass
+  EXPECT_EQ(r.bound_ns, 4 * kMs);
+  expect_invariants(r, 2, "demand");
+}
+
+TEST(SimTest, OracleHandComputed) {
+  CompiledTrace t = three_blocks();
+  CellResult r = run_cell(t, "oracle", slow_link(2));
+  // k2's launch: the oracle evicts block 1 (next use k4) for block 3 (next use k3): write-back
+  // 1-2 ms, block 3 created at 2 ms. k3's launch (2 ms): evicts block 2 (never used again,
+  // 2-3 ms), prefetches block 1 (3-4 ms). k4 waits for it: runs 4-5 ms.
+  EXPECT_EQ(r.sim.time_ns, 5 * kMs);
+  EXPECT_EQ(r.sim.faults, 0u);
+  EXPECT_EQ(r.sim.prefetch_bytes, 2 * MiB);
+  EXPECT_EQ(r.sim.prefetch_used_bytes, 2 * MiB);
+  expect_invariants(r, 2, "oracle");
+}
+
+TEST(SimTest, BoundCountsBeladyFetches) {
+  // Two chunks of room; a, b, c each 1 chunk, accessed a b c a b c a: first touches free.
+  Builder b;
+  b.alloc(1, 2 * MiB).alloc(2, 2 * MiB).alloc(3, 2 * MiB);
+  for (std::uint64_t id : {1, 2, 3, 1, 2, 3, 1}) b.kernel("k", 1, {id});
+  CompiledTrace t = b.compile();
+  // MIN with bypass: keep a,b; c (first touch, next use after a's and b's) bypasses; a hit;
+  // b hit; c miss (1), next use never: bypass; a hit. One fetch.
+  EXPECT_EQ(min_fetches(t, 2), 1u);
+  EXPECT_EQ(min_fetches(t, 3), 0u);
+  // One chunk: a stays (its next use is always the nearest); b and c bypass; their second
+  // touches cost one fetch each.
+  EXPECT_EQ(min_fetches(t, 1), 2u);
+  SimParams p = slow_link(1);
+  std::uint64_t f = 0;
+  EXPECT_EQ(lower_bound_ns(t, p, &f), 2 * kMs);  // 2 fetches at 1 ms each > 7 ns of compute
+  EXPECT_EQ(f, 2u);
+}
+
+TEST(SimTest, UnlimitedCapacityTakesComputeTime) {
+  for (const CompiledTrace& t : {training_loop(3, 6, 5 * MiB, 3 * MiB), random_trace(7), three_blocks()}) {
+    for (const std::string& p : kPolicies) {
+      SimParams params = slow_link(0);
+      params.capacity_bytes = t.peak_bytes;
+      CellResult r = run_cell(t, p, params);
+      EXPECT_EQ(r.sim.time_ns, t.compute_ns) << p;
+      EXPECT_EQ(r.sim.faults, 0u) << p;
+      EXPECT_EQ(r.sim.h2d_bytes, 0u) << p;
+      EXPECT_EQ(r.sim.d2h_bytes, 0u) << p;
+      expect_invariants(r, t.peak_bytes / kChunkBytes, p);
+    }
+  }
+}
+
+TEST(SimTest, InvariantsOnRandomTraces) {
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    CompiledTrace t = random_trace(seed);
+    for (double frac : {0.9, 0.5, 0.25}) {
+      std::uint64_t chunks = std::max<std::uint64_t>(8, static_cast<std::uint64_t>(frac * t.peak_bytes) / kChunkBytes);
+      for (const std::string& p : kPolicies) {
+        CellResult r = run_cell(t, p, slow_link(chunks));
+        expect_invariants(r, chunks, "seed " + std::to_string(seed) + " " + p + " " + std::to_string(frac));
+      }
+    }
+  }
+}
+
+TEST(SimTest, OracleBeatsEveryPolicyOnTrainingLoops) {
+  CompiledTrace t = training_loop(4, 12, 9 * MiB, 5 * MiB);
+  for (double frac : {0.8, 0.6, 0.4}) {
+    SimParams p = slow_link(static_cast<std::uint64_t>(frac * t.peak_bytes) / kChunkBytes);
+    CellResult oracle = run_cell(t, "oracle", p);
+    EXPECT_GE(oracle.sim.time_ns, oracle.bound_ns);
+    for (const std::string& name : kPolicies) {
+      CellResult r = run_cell(t, name, p);
+      EXPECT_GE(r.sim.time_ns, oracle.sim.time_ns) << name << " at " << frac;
+      expect_invariants(r, p.capacity_bytes / kChunkBytes, name);
+    }
+  }
+}
+
+TEST(SimTest, BundledTraceOrdering) {
+  CompiledTrace t = compile_file(std::string(SPILLWAY_SOURCE_DIR) + "/bench/traces/BERT_Base-b256.jsonl.gz");
+  EXPECT_EQ(t.kernel_count, 4107u);
+  SimParams p = default_params();
+  p.capacity_bytes = t.peak_bytes / 2 / kChunkBytes * kChunkBytes;
+  std::uint64_t fetches = min_fetches(t, p.capacity_bytes / kChunkBytes);
+  CellResult oracle = run_cell(t, "oracle", p, nullptr, &fetches);
+  CellResult demand = run_cell(t, "demand", p, nullptr, &fetches);
+  EXPECT_GE(oracle.sim.time_ns, oracle.bound_ns);
+  for (const std::string& name : kPolicies) {
+    CellResult r = run_cell(t, name, p, nullptr, &fetches);
+    EXPECT_GE(r.sim.time_ns, oracle.sim.time_ns) << name;
+    EXPECT_LE(r.sim.time_ns, demand.sim.time_ns) << name;
+    expect_invariants(r, p.capacity_bytes / kChunkBytes, name);
+  }
+}
+
+TEST(SimTest, EveryBundledTraceReadsAndSimulates) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(SPILLWAY_SOURCE_DIR) + "/bench/traces")) {
+    std::string path = entry.path().string();
+    if (!path.ends_with(".jsonl.gz")) continue;
+    ++n;
+    CompiledTrace t = compile_file(path);
+    EXPECT_GT(t.kernel_count, 0u) << path;
+    EXPECT_GE(t.peak_bytes, 30ull << 30) << path << ": bundled traces peak at 30-300 GiB";
+    EXPECT_LE(t.peak_bytes, 300ull << 30) << path;
+    SimParams p = default_params();
+    p.capacity_bytes = t.peak_bytes / 2 / kChunkBytes * kChunkBytes;
+    std::uint64_t fetches = min_fetches(t, p.capacity_bytes / kChunkBytes);
+    CellResult demand = run_cell(t, "demand", p, nullptr, &fetches);
+    CellResult oracle = run_cell(t, "oracle", p, nullptr, &fetches);
+    EXPECT_LE(oracle.sim.time_ns, demand.sim.time_ns) << path;
+    expect_invariants(demand, p.capacity_bytes / kChunkBytes, path + " demand");
+    expect_invariants(oracle, p.capacity_bytes / kChunkBytes, path + " oracle");
+  }
+  EXPECT_GE(n, 2);
+}
+
+TEST(SimTest, Deterministic) {
+  CompiledTrace t = random_trace(3);
+  for (const std::string& p : kPolicies) {
+    CellResult a = run_cell(t, p, slow_link(20)), b = run_cell(t, p, slow_link(20));
+    EXPECT_EQ(a.sim.time_ns, b.sim.time_ns) << p;
+    EXPECT_EQ(a.sim.h2d_bytes, b.sim.h2d_bytes) << p;
+    EXPECT_EQ(a.sim.d2h_bytes, b.sim.d2h_bytes) << p;
+    EXPECT_EQ(a.sim.faults, b.sim.faults) << p;
+    EXPECT_EQ(a.sim.prefetch_used_bytes, b.sim.prefetch_used_bytes) << p;
+  }
+}
+
+TEST(SimTest, CachingAllocatorRepeatsAddressesEveryIteration) {
+  CompiledTrace t = training_loop(3, 4, 3 * MiB, 1 * MiB);
+  // 4 weights, then 4 activations per iteration: iteration 2's activations reuse
+  // iteration 1's addresses.
+  ASSERT_EQ(t.blocks.size(), 4u + 3 * 4);
+  for (int l = 0; l < 4; ++l) {
+    EXPECT_EQ(t.blocks[4 + l].addr, t.blocks[8 + l].addr);
+    EXPECT_EQ(t.blocks[4 + l].addr, t.blocks[12 + l].addr);
+  }
+  for (const BlockPlacement& b : t.blocks) EXPECT_EQ(b.addr % kChunkBytes, 0u);
+  EXPECT_EQ(t.peak_bytes, (4 * 1 + 4 * 2) * kChunkBytes);  // 1 MiB -> 1 chunk, 3 MiB -> 2 chunks
+  // Same kernels on the same addresses: the same execution ids every iteration.
+  EXPECT_EQ(t.kernels[0].exec_id, t.kernels[8].exec_id);
+  EXPECT_NE(t.kernels[0].exec_id, t.kernels[1].exec_id);
+}
+
+TEST(SimTest, BestFitReuse) {
+  Builder b;
+  b.alloc(1, 4 * MiB).alloc(2, 2 * MiB).alloc(3, 2 * MiB).alloc(4, 2 * MiB);
+  b.free(1).free(3);                 // holes: 2 chunks at 0, 1 chunk at 3
+  b.alloc(5, 2 * MiB);               // best fit: the 1-chunk hole
+  b.alloc(6, 6 * MiB);               // nothing fits: top of the arena
+  CompiledTrace t = b.compile();
+  EXPECT_EQ(t.blocks[4].addr, t.blocks[2].addr);
+  EXPECT_EQ(t.blocks[5].addr, kArenaBase + 5 * kChunkBytes);
+}
+
+TEST(SimTest, AdviceMakesEvictedChunksRemote) {
+  CompiledTrace t = three_blocks();
+  CellResult r = run_cell(t, "advise", slow_link(2));
+  // k4 reads block 1 remotely (accessed-by GPU, evicted by the driver) instead of faulting.
+  EXPECT_EQ(r.sim.faults, 0u);
+  EXPECT_EQ(r.sim.remote_bytes, 2 * MiB);
+  expect_invariants(r, 2, "advise");
+}
+
+TEST(SimTest, HostTouchMovesDataBackToTheCpu) {
+  Builder b;
+  b.alloc(1, 2 * MiB);
+  b.kernel("init", kMs, {}, {1});
+  trace::Event h;
+  h.kind = trace::EventKind::host;
+  h.reads = {trace::Range{1, 0, 2 * MiB, true}};
+  b.t.events.push_back(h);
+  b.kernel("use", kMs, {1});
+  CompiledTrace t = b.compile();
+  CellResult r = run_cell(t, "demand", slow_link(4));
+  // 0-1 ms init; the host faults the chunk back at half speed (1-3 ms); "use" faults it in
+  // again: 17 faults, 2 ms at half speed, 10 us for the batch; runs 5.01-6.01 ms.
+  EXPECT_EQ(r.sim.time_ns, 6 * kMs + 10'000);
+  EXPECT_EQ(r.sim.d2h_bytes, 2 * MiB);
+  EXPECT_EQ(r.sim.h2d_bytes, 2 * MiB);
+  expect_invariants(r, 4, "host");
+}
+
+TEST(SimTest, OracleIsSimulatorOnly) {
+  for (auto n : policy_names()) EXPECT_NE(n, "oracle");
+  EXPECT_EQ(make_policy("oracle"), nullptr);
+  OracleFuture f;
+  EXPECT_NE(make_sim_policy("oracle", &f), nullptr);
+  EXPECT_EQ(make_sim_policy("oracle", nullptr), nullptr);
+  EXPECT_THROW(run_cell(three_blocks(), "nope", slow_link(2)), std::invalid_argument);
+}
+
+TEST(SimTest, LinkProfiles) {
+  auto p3 = find_link("pcie3");
+  ASSERT_TRUE(p3);
+  EXPECT_DOUBLE_EQ(p3->h2d_bytes_per_s, 15.754e9);
+  EXPECT_EQ(p3->fault_batch_ns, 45'000u);
+  for (const char* n : {"pcie4", "pcie5", "c2c", "h200"}) EXPECT_TRUE(find_link(n)) << n;
+  EXPECT_FALSE(find_link("nvlink9"));
+}
+
+}  // namespace
+}  // namespace spillway::sim

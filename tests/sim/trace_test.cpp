@@ -1,0 +1,263 @@
+// Trace format v1: round trips and one test per kind of malformed input (issue 3 §1).
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "spillway/trace.h"
+
+namespace spillway::trace {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TraceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("spillway-trace-test-" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& text) {
+    std::string path = (dir_ / name).string();
+    std::ofstream(path) << text;
+    return path;
+  }
+  static std::string header() { return "{\"format\":\"spillway-trace\",\"version\":1,\"source\":\"test\"}\n"; }
+
+  // Reads `body` (after a valid header) and returns the error message, "" if none.
+  std::string error_of(const std::string& body, bool with_header = true) {
+    std::string path = write("t.jsonl", (with_header ? header() : "") + body);
+    try {
+      read_trace(path);
+    } catch (const TraceError& e) {
+      last_line_ = e.line();
+      EXPECT_EQ(std::string(e.what()).rfind(path + ":", 0), 0u) << e.what();
+      return e.message();
+    }
+    return "";
+  }
+  fs::path dir_;
+  std::uint64_t last_line_ = 0;
+};
+
+TEST_F(TraceTest, RoundTripPlainAndGzip) {
+  for (const char* name : {"rt.jsonl", "rt.jsonl.gz"}) {
+    std::string path = (dir_ / name).string();
+    {
+      Writer w(path);
+      w.write_header("unit test", {{"extra", 7}});
+      Event a;
+      a.kind = EventKind::alloc;
+      a.id = 3;
+      a.bytes = 5 << 20;
+      a.alloc_kind = "weight";
+      w.write(a);
+      Event k;
+      k.kind = EventKind::kernel;
+      k.name = "gemm";
+      k.dur_ns = 1234;
+      k.reads = {Range{3, 0, 5 << 20, true}};
+      k.writes = {Range{3, 4096, 8192, false}};
+      w.write(k);
+      Event f;
+      f.kind = EventKind::free;
+      f.id = 3;
+      w.write(f);
+      w.close();
+    }
+    Trace t = read_trace(path);
+    EXPECT_EQ(t.header["extra"], 7);
+    EXPECT_EQ(t.header["source"], "unit test");
+    ASSERT_EQ(t.events.size(), 3u);
+    EXPECT_EQ(t.events[0].kind, EventKind::alloc);
+    EXPECT_EQ(t.events[0].alloc_kind, "weight");
+    EXPECT_EQ(t.events[1].name, "gemm");
+    EXPECT_EQ(t.events[1].dur_ns, 1234u);
+    ASSERT_EQ(t.events[1].reads.size(), 1u);
+    EXPECT_TRUE(t.events[1].reads[0].whole);
+    EXPECT_EQ(t.events[1].reads[0].bytes, 5u << 20);
+    EXPECT_EQ(t.events[1].writes[0].offset, 4096u);
+    EXPECT_EQ(t.events[1].line, 3u);
+    EXPECT_EQ(t.events[2].kind, EventKind::free);
+  }
+}
+
+TEST_F(TraceTest, UnknownFieldsAndBlankLinesAreIgnored) {
+  EXPECT_EQ(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":10,\"color\":\"red\"}\n\n"
+                     "{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":1.5,\"reads\":[1],\"writes\":[],\"x\":[1,2]}\n"),
+            "");
+}
+
+TEST_F(TraceTest, MissingFile) {
+  try {
+    Reader r((dir_ / "nope.jsonl").string());
+    FAIL();
+  } catch (const TraceError& e) {
+    EXPECT_NE(std::string(e.what()).find("nope.jsonl: cannot open"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TraceTest, EmptyFile) {
+  EXPECT_NE(error_of("", false).find("empty file"), std::string::npos);
+  EXPECT_EQ(last_line_, 1u);
+}
+
+TEST_F(TraceTest, MissingHeader) {
+  EXPECT_NE(error_of("{\"ev\":\"iter\",\"n\":0}\n", false).find("missing header"), std::string::npos);
+}
+
+TEST_F(TraceTest, UnknownFormat) {
+  EXPECT_NE(error_of("{\"format\":\"chrome\",\"version\":1}\n", false).find("unknown format"), std::string::npos);
+}
+
+TEST_F(TraceTest, MissingVersion) {
+  EXPECT_NE(error_of("{\"format\":\"spillway-trace\"}\n", false).find("no \"version\""), std::string::npos);
+}
+
+TEST_F(TraceTest, UnknownVersion) {
+  EXPECT_NE(error_of("{\"format\":\"spillway-trace\",\"version\":2}\n", false).find("unsupported trace version 2"),
+            std::string::npos);
+}
+
+TEST_F(TraceTest, MalformedJson) {
+  EXPECT_NE(error_of("{\"ev\":\"iter\",\"n\":0}\n{\"ev\":\"alloc\",\"id\":1,\n").find("malformed JSON"), std::string::npos);
+  EXPECT_EQ(last_line_, 3u);
+}
+
+TEST_F(TraceTest, TruncatedPlainFileEndsMidLine) {
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":10}\n{\"ev\":\"ker").find("malformed JSON"), std::string::npos);
+  EXPECT_EQ(last_line_, 3u);
+}
+
+TEST_F(TraceTest, TruncatedGzip) {
+  std::string full = (dir_ / "full.jsonl.gz").string();
+  {
+    Writer w(full);
+    w.write_header("t");
+    for (int i = 0; i < 2000; ++i) {
+      Event a;
+      a.kind = EventKind::alloc;
+      a.id = static_cast<std::uint64_t>(i);
+      a.bytes = 100 + static_cast<std::uint64_t>(i);
+      w.write(a);
+    }
+    w.close();
+  }
+  std::ifstream in(full, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string cut = (dir_ / "cut.jsonl.gz").string();
+  std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  try {
+    read_trace(cut);
+    FAIL() << "a truncated gzip file was accepted";
+  } catch (const TraceError& e) {
+    EXPECT_GT(e.line(), 1u);
+    EXPECT_TRUE(e.message().find("truncated") != std::string::npos || e.message().find("malformed JSON") != std::string::npos)
+        << e.what();
+  }
+}
+
+TEST_F(TraceTest, NotAnObject) { EXPECT_NE(error_of("[1,2]\n").find("JSON object"), std::string::npos); }
+
+TEST_F(TraceTest, MissingEventType) { EXPECT_NE(error_of("{\"id\":1}\n").find("\"ev\""), std::string::npos); }
+
+TEST_F(TraceTest, UnknownEventType) {
+  EXPECT_NE(error_of("{\"ev\":\"memcpy\"}\n").find("unknown event type \"memcpy\""), std::string::npos);
+}
+
+TEST_F(TraceTest, IdUsedBeforeAlloc) {
+  EXPECT_NE(error_of("{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":1,\"reads\":[4],\"writes\":[]}\n").find("block 4"),
+            std::string::npos);
+  EXPECT_EQ(last_line_, 2u);
+}
+
+TEST_F(TraceTest, IdUsedAfterFree) {
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":4,\"bytes\":8}\n{\"ev\":\"free\",\"id\":4}\n"
+                     "{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":1,\"reads\":[],\"writes\":[4]}\n")
+                .find("not live"),
+            std::string::npos);
+  EXPECT_EQ(last_line_, 4u);
+}
+
+TEST_F(TraceTest, FreeOfUnknownOrFreedId) {
+  EXPECT_NE(error_of("{\"ev\":\"free\",\"id\":9}\n").find("free of block 9"), std::string::npos);
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":9,\"bytes\":8}\n{\"ev\":\"free\",\"id\":9}\n{\"ev\":\"free\",\"id\":9}\n")
+                .find("free of block 9"),
+            std::string::npos);
+  EXPECT_EQ(last_line_, 4u);
+}
+
+TEST_F(TraceTest, DuplicateLiveId) {
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":2,\"bytes\":8}\n{\"ev\":\"alloc\",\"id\":2,\"bytes\":8}\n").find("allocated again"),
+            std::string::npos);
+  EXPECT_EQ(last_line_, 3u);
+}
+
+TEST_F(TraceTest, IdReusedAfterFreeIsFine) {
+  EXPECT_EQ(error_of("{\"ev\":\"alloc\",\"id\":2,\"bytes\":8}\n{\"ev\":\"free\",\"id\":2}\n{\"ev\":\"alloc\",\"id\":2,\"bytes\":8}\n"), "");
+}
+
+TEST_F(TraceTest, NegativeSize) {
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":-8}\n").find("negative"), std::string::npos);
+}
+
+TEST_F(TraceTest, NonNumericSize) {
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":\"8GiB\"}\n").find("a string"), std::string::npos);
+}
+
+TEST_F(TraceTest, FractionalSize) {
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":1.5}\n").find("fractional"), std::string::npos);
+}
+
+TEST_F(TraceTest, ZeroSize) { EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":0}\n").find("positive"), std::string::npos); }
+
+TEST_F(TraceTest, MissingSize) { EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1}\n").find("missing field \"bytes\""), std::string::npos); }
+
+TEST_F(TraceTest, NegativeId) { EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":-1,\"bytes\":4}\n").find("\"id\""), std::string::npos); }
+
+TEST_F(TraceTest, NegativeDuration) {
+  EXPECT_NE(error_of("{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":-3}\n").find("\"dur_ns\""), std::string::npos);
+}
+
+TEST_F(TraceTest, NonNumericDuration) {
+  EXPECT_NE(error_of("{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":\"fast\"}\n").find("a string"), std::string::npos);
+}
+
+TEST_F(TraceTest, MissingKernelName) {
+  EXPECT_NE(error_of("{\"ev\":\"kernel\",\"dur_ns\":3}\n").find("missing field \"name\""), std::string::npos);
+}
+
+TEST_F(TraceTest, RangeOutsideBlock) {
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":100}\n"
+                     "{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":1,\"reads\":[[1,90,20]],\"writes\":[]}\n")
+                .find("outside block 1"),
+            std::string::npos);
+  EXPECT_EQ(last_line_, 3u);
+}
+
+TEST_F(TraceTest, EmptyRange) {
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":100}\n"
+                     "{\"ev\":\"host\",\"reads\":[[1,0,0]],\"writes\":[]}\n")
+                .find("outside block 1"),
+            std::string::npos);
+}
+
+TEST_F(TraceTest, MalformedRange) {
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":100}\n"
+                     "{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":1,\"reads\":[[1,-2]],\"writes\":[]}\n")
+                .find("bad range"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":100}\n"
+                     "{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":1,\"reads\":\"1\",\"writes\":[]}\n")
+                .find("must be an array"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace spillway::trace

@@ -1,0 +1,121 @@
+// AllocationTable (uvm/include/spillway/allocation_table.h).
+#include "spillway/allocation_table.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace spillway {
+namespace {
+
+Block make(std::uint64_t base, std::uint64_t bytes, std::uint64_t id = 1) {
+  Block b;
+  b.base = base;
+  b.bytes = bytes;
+  b.id = id;
+  return b;
+}
+
+TEST(AllocationTable, InsertFindErase) {
+  AllocationTable t;
+  ASSERT_TRUE(t.insert(make(0x1000, 0x100, 7)));
+  EXPECT_EQ(t.size(), 1u);
+  EXPECT_EQ(t.bytes(), 0x100u);
+  auto b = t.find_base(0x1000);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->id, 7u);
+  auto gone = t.erase(0x1000);
+  ASSERT_TRUE(gone.has_value());
+  EXPECT_EQ(gone->bytes, 0x100u);
+  EXPECT_EQ(t.size(), 0u);
+  EXPECT_EQ(t.bytes(), 0u);
+  EXPECT_FALSE(t.find(0x1000).has_value());
+  EXPECT_FALSE(t.erase(0x1000).has_value()) << "a second erase finds nothing";
+}
+
+TEST(AllocationTable, FindInsideAndAtEnd) {
+  AllocationTable t;
+  ASSERT_TRUE(t.insert(make(0x1000, 0x100, 1)));
+  ASSERT_TRUE(t.insert(make(0x1100, 0x100, 2)));  // adjacent, not overlapping
+  EXPECT_EQ(t.find(0x1000)->id, 1u);
+  EXPECT_EQ(t.find(0x1080)->id, 1u);
+  EXPECT_EQ(t.find(0x10ff)->id, 1u);
+  EXPECT_EQ(t.find(0x1100)->id, 2u) << "the end of one block is the next block";
+  EXPECT_FALSE(t.find(0x1200).has_value()) << "one past the last byte is outside";
+  EXPECT_FALSE(t.find(0xfff).has_value());
+  EXPECT_FALSE(t.find(0).has_value());
+  EXPECT_FALSE(t.find_base(0x1080).has_value()) << "find_base wants the exact base";
+  EXPECT_FALSE(t.erase(0x1080).has_value()) << "erase wants the exact base";
+  EXPECT_EQ(t.size(), 2u);
+}
+
+TEST(AllocationTable, RefusesOverlapAndEmptyBlocks) {
+  AllocationTable t;
+  ASSERT_TRUE(t.insert(make(0x2000, 0x1000)));
+  EXPECT_FALSE(t.insert(make(0x2000, 0x10))) << "same base";
+  EXPECT_FALSE(t.insert(make(0x2800, 0x1000))) << "starts inside";
+  EXPECT_FALSE(t.insert(make(0x1800, 0x1000))) << "ends inside";
+  EXPECT_FALSE(t.insert(make(0x1000, 0x3000))) << "covers";
+  EXPECT_FALSE(t.insert(make(0x5000, 0))) << "empty";
+  EXPECT_FALSE(t.insert(make(~0ull - 4, 16))) << "wraps around";
+  EXPECT_TRUE(t.insert(make(0x1000, 0x1000))) << "ends exactly at the base";
+  EXPECT_TRUE(t.insert(make(0x3000, 0x1000))) << "starts exactly at the end";
+  EXPECT_EQ(t.size(), 3u);
+  EXPECT_EQ(t.bytes(), 0x3000u);
+}
+
+// 16 threads insert and erase disjoint ranges, 1,000,000 operations in total, while
+// readers look addresses up; afterwards the table is exactly what the threads left in it.
+TEST(AllocationTable, ConcurrentDisjointInsertEraseStaysConsistent) {
+  AllocationTable t;
+  constexpr int kThreads = 16;
+  constexpr int kOpsPerThread = 1'000'000 / kThreads;  // inserts + erases
+  constexpr std::uint64_t kSlot = 0x1000;
+  constexpr int kSlotsPerThread = 64;
+  std::atomic<int> failures{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      const std::uint64_t region = 0x100000000ull + static_cast<std::uint64_t>(th) * kSlot * kSlotsPerThread;
+      std::vector<bool> live(kSlotsPerThread, false);
+      unsigned x = 12345u + static_cast<unsigned>(th);
+      for (int op = 0; op < kOpsPerThread; ++op) {
+        x = x * 1103515245u + 12345u;
+        int slot = static_cast<int>((x >> 8) % kSlotsPerThread);
+        std::uint64_t base = region + static_cast<std::uint64_t>(slot) * kSlot;
+        std::uint64_t bytes = 1 + (x % kSlot);
+        if (!live[slot]) {
+          if (!t.insert(make(base, bytes, static_cast<std::uint64_t>(th)))) ++failures;
+          live[slot] = true;
+        } else {
+          auto b = t.erase(base);
+          if (!b || b->id != static_cast<std::uint64_t>(th)) ++failures;
+          live[slot] = false;
+        }
+      }
+      for (int s = 0; s < kSlotsPerThread; ++s) {
+        if (live[s] && !t.erase(region + static_cast<std::uint64_t>(s) * kSlot)) ++failures;
+      }
+    });
+  }
+  std::thread reader([&] {
+    while (!stop.load()) {
+      for (int th = 0; th < kThreads; ++th) {
+        std::uint64_t addr = 0x100000000ull + static_cast<std::uint64_t>(th) * kSlot * kSlotsPerThread + 17;
+        if (auto b = t.find(addr); b && (b->id != static_cast<std::uint64_t>(th) || !b->contains(addr))) ++failures;
+      }
+    }
+  });
+  for (auto& th : threads) th.join();
+  stop = true;
+  reader.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(t.size(), 0u);
+  EXPECT_EQ(t.bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace spillway

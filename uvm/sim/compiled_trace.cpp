@@ -1,0 +1,291 @@
+#include "spillway/sim/compiled_trace.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+namespace spillway::sim {
+
+namespace {
+
+// Best-fit placement of blocks on whole chunks, in chunk units.
+class ChunkAllocator {
+ public:
+  std::uint32_t allocate(std::uint32_t n) {
+    auto it = by_size_.lower_bound({n, 0});
+    if (it != by_size_.end()) {
+      auto [len, start] = *it;
+      by_size_.erase(it);
+      by_start_.erase(start);
+      if (len > n) insert_free(start + n, len - n);
+      return start;
+    }
+    // Nothing fits: grow the arena, starting inside a free range that ends at the top.
+    if (!by_start_.empty()) {
+      auto last = std::prev(by_start_.end());
+      if (last->first + last->second == top_) {
+        std::uint32_t start = last->first;
+        by_size_.erase({last->second, start});
+        by_start_.erase(last);
+        top_ = start + n;
+        return start;
+      }
+    }
+    std::uint32_t start = top_;
+    top_ += n;
+    return start;
+  }
+  void release(std::uint32_t start, std::uint32_t n) {
+    auto next = by_start_.lower_bound(start);
+    if (next != by_start_.end() && next->first == start + n) {
+      n += next->second;
+      by_size_.erase({next->second, next->first});
+      next = by_start_.erase(next);
+    }
+    if (next != by_start_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == start) {
+        start = prev->first;
+        n += prev->second;
+        by_size_.erase({prev->second, prev->first});
+        by_start_.erase(prev);
+      }
+    }
+    insert_free(start, n);
+  }
+  std::uint32_t top() const { return top_; }
+
+ private:
+  void insert_free(std::uint32_t start, std::uint32_t n) {
+    by_start_.emplace(start, n);
+    by_size_.insert({n, start});
+  }
+  std::map<std::uint32_t, std::uint32_t> by_start_;
+  std::set<std::pair<std::uint32_t, std::uint32_t>> by_size_;
+  std::uint32_t top_ = 0;
+};
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  // splitmix64-style combination: deterministic across runs and platforms.
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 29);
+}
+
+std::string base_name(const std::string& path) {
+  std::string n = std::filesystem::path(path).filename().string();
+  for (const char* suffix : {".gz", ".jsonl"}) {
+    std::string s(suffix);
+    if (n.size() > s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0) n.resize(n.size() - s.size());
+  }
+  return n;
+}
+
+}  // namespace
+
+CompiledTrace compile(const trace::Trace& t) {
+  CompiledTrace ct;
+  ct.path = t.path;
+  ct.name = base_name(t.path);
+  ct.header = t.header;
+  ChunkAllocator arena;
+  std::unordered_map<std::uint64_t, std::uint32_t> live;  // trace id -> alloc sequence
+  std::unordered_map<std::string, std::uint32_t> name_index;
+  std::vector<std::uint32_t> merge_at;     // per chunk: position in touches of this event's touch
+  std::vector<std::uint32_t> merge_epoch;  // per chunk: event that wrote merge_at
+  std::vector<std::uint32_t> owner;        // per chunk: the block (alloc sequence) on it now
+  std::uint64_t live_chunk_bytes = 0;
+  std::uint32_t event_no = 0;
+
+  auto grow = [&](std::uint32_t chunks) {
+    if (chunks > merge_at.size()) {
+      merge_at.resize(chunks, 0);
+      merge_epoch.resize(chunks, kNever);
+      owner.resize(chunks, kNever);
+    }
+  };
+
+  ct.ops.reserve(t.events.size());
+  for (const trace::Event& e : t.events) {
+    switch (e.kind) {
+      case trace::EventKind::alloc: {
+        std::uint32_t chunks = static_cast<std::uint32_t>((e.bytes + kChunkBytes - 1) / kChunkBytes);
+        std::uint32_t start = arena.allocate(chunks);
+        std::uint32_t seq = static_cast<std::uint32_t>(ct.blocks.size());
+        ct.blocks.push_back({kArenaBase + std::uint64_t(start) * kChunkBytes, e.bytes, start, chunks});
+        live[e.id] = seq;
+        grow(arena.top());
+        for (std::uint32_t c = start; c < start + chunks; ++c) owner[c] = seq;
+        live_chunk_bytes += std::uint64_t(chunks) * kChunkBytes;
+        ct.peak_bytes = std::max(ct.peak_bytes, live_chunk_bytes);
+        ct.ops.push_back({Op::Kind::alloc, seq});
+        break;
+      }
+      case trace::EventKind::free: {
+        auto it = live.find(e.id);  // the Reader guarantees it is live
+        const BlockPlacement& b = ct.blocks[it->second];
+        arena.release(b.first_chunk, b.chunks);
+        live_chunk_bytes -= std::uint64_t(b.chunks) * kChunkBytes;
+        ct.ops.push_back({Op::Kind::free, it->second});
+        live.erase(it);
+        break;
+      }
+      case trace::EventKind::kernel:
+      case trace::EventKind::host: {
+        KernelRecord k;
+        k.host = e.kind == trace::EventKind::host;
+        k.line = e.line;
+        k.dur_ns = k.host ? 0 : e.dur_ns;
+        auto [ni, added] = name_index.try_emplace(e.name, static_cast<std::uint32_t>(ct.names.size()));
+        if (added) ct.names.push_back(e.name);
+        k.name = ni->second;
+        std::uint64_t h = mix(0x5350494c4c574159ull, std::hash<std::string>{}(e.name));
+        k.access_begin = static_cast<std::uint32_t>(ct.accesses.size());
+        k.touch_begin = static_cast<std::uint32_t>(ct.touches.size());
+        ++event_no;
+        auto add = [&](const trace::Range& r, bool write) {
+          std::uint32_t seq = live.at(r.id);
+          const BlockPlacement& b = ct.blocks[seq];
+          std::uint64_t addr = b.addr + r.offset;
+          ct.accesses.push_back(Access{addr, r.bytes, write});
+          h = mix(mix(h, addr), r.bytes * 2 + (write ? 1 : 0));
+          std::uint64_t end = addr + r.bytes;
+          for (std::uint64_t a = addr; a < end;) {
+            std::uint64_t chunk_end = (a / kChunkBytes + 1) * kChunkBytes;
+            std::uint64_t stop = std::min(end, chunk_end);
+            std::uint32_t c = static_cast<std::uint32_t>((a - kArenaBase) / kChunkBytes);
+            std::uint32_t bytes = static_cast<std::uint32_t>(stop - a);
+            if (merge_epoch[c] == event_no) {
+              ChunkTouch& tt = ct.touches[merge_at[c]];
+              tt.bytes = static_cast<std::uint32_t>(std::min<std::uint64_t>(kChunkBytes, std::uint64_t(tt.bytes) + bytes));
+              tt.write = tt.write || write;
+            } else {
+              merge_epoch[c] = event_no;
+              merge_at[c] = static_cast<std::uint32_t>(ct.touches.size());
+              ct.touches.push_back(ChunkTouch{c, bytes, kNever, seq, write, false});
+            }
+            a = stop;
+          }
+        };
+        for (const trace::Range& r : e.reads) add(r, false);
+        for (const trace::Range& r : e.writes) add(r, true);
+        k.exec_id = h;
+        k.access_end = static_cast<std::uint32_t>(ct.accesses.size());
+        k.touch_end = static_cast<std::uint32_t>(ct.touches.size());
+        if (!k.host) {
+          ct.compute_ns += k.dur_ns;
+          ++ct.kernel_count;
+        }
+        ct.ops.push_back({k.host ? Op::Kind::host : Op::Kind::kernel, static_cast<std::uint32_t>(ct.kernels.size())});
+        ct.kernels.push_back(k);
+        break;
+      }
+      case trace::EventKind::iter: ct.ops.push_back({Op::Kind::iter, static_cast<std::uint32_t>(e.n)}); break;
+    }
+  }
+  ct.arena_chunks = arena.top();
+
+  // Next use of each touch (same chunk, same block instance; kernels and host events both
+  // count) and first touches since alloc.
+  std::vector<std::uint32_t> next_pos(ct.arena_chunks, kNever);
+  for (std::size_t i = ct.ops.size(); i-- > 0;) {
+    const Op& op = ct.ops[i];
+    if (op.kind == Op::Kind::alloc) {
+      const BlockPlacement& b = ct.blocks[op.index];
+      for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) next_pos[c] = kNever;
+    } else if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) {
+      const KernelRecord& k = ct.kernels[op.index];
+      for (std::uint32_t j = k.touch_end; j-- > k.touch_begin;) {
+        ChunkTouch& tt = ct.touches[j];
+        tt.next = next_pos[tt.chunk];
+        next_pos[tt.chunk] = j;
+      }
+    }
+  }
+  std::vector<bool> touched(ct.arena_chunks, false);
+  for (const Op& op : ct.ops) {
+    if (op.kind == Op::Kind::alloc) {
+      const BlockPlacement& b = ct.blocks[op.index];
+      for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) touched[c] = false;
+    } else if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) {
+      const KernelRecord& k = ct.kernels[op.index];
+      for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
+        ChunkTouch& tt = ct.touches[j];
+        tt.first_touch = !touched[tt.chunk];
+        touched[tt.chunk] = true;
+      }
+    }
+  }
+  return ct;
+}
+
+CompiledTrace compile_file(const std::string& path) { return compile(trace::read_trace(path)); }
+
+std::uint64_t min_fetches(const CompiledTrace& ct, std::uint64_t capacity_chunks) {
+  // Resident chunks in a max-heap keyed by next use (touch index; kNever = never again),
+  // with lazy deletion: an entry is current while the chunk is resident with that key.
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> heap;  // (next use, chunk)
+  std::vector<std::uint32_t> key(ct.arena_chunks, kNever);
+  std::vector<bool> in(ct.arena_chunks, false);
+  std::uint64_t resident = 0, fetches = 0;
+  auto push = [&](std::uint32_t c) {
+    heap.emplace_back(key[c], c);
+    std::push_heap(heap.begin(), heap.end());
+  };
+  auto top = [&]() -> std::pair<std::uint32_t, std::uint32_t> {  // the current furthest entry
+    while (!heap.empty()) {
+      auto [k, c] = heap.front();
+      if (in[c] && key[c] == k) return {k, c};
+      std::pop_heap(heap.begin(), heap.end());
+      heap.pop_back();
+    }
+    return {0, 0};
+  };
+  for (const Op& op : ct.ops) {
+    if (op.kind == Op::Kind::free) {
+      const BlockPlacement& b = ct.blocks[op.index];
+      for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
+        if (in[c]) {
+          in[c] = false;
+          --resident;
+        }
+      }
+      continue;
+    }
+    if (op.kind != Op::Kind::kernel) continue;  // host touches are not GPU fetches
+    const KernelRecord& k = ct.kernels[op.index];
+    for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
+      const ChunkTouch& tt = ct.touches[j];
+      std::uint32_t c = tt.chunk;
+      if (in[c]) {
+        key[c] = tt.next;
+        push(c);
+        continue;
+      }
+      if (!tt.first_touch) ++fetches;
+      if (tt.next == kNever || capacity_chunks == 0) continue;  // bypass
+      if (resident >= capacity_chunks) {
+        auto [far, victim] = top();
+        if (far <= tt.next) continue;  // bypass: every resident chunk is needed sooner
+        in[victim] = false;
+        --resident;
+      }
+      key[c] = tt.next;
+      in[c] = true;
+      ++resident;
+      push(c);
+    }
+    // Keep the heap from growing without bound: rebuild it from the live entries.
+    if (heap.size() > 4 * (resident + 1024)) {
+      heap.clear();
+      for (std::uint32_t c = 0; c < ct.arena_chunks; ++c) if (in[c]) heap.emplace_back(key[c], c);
+      std::make_heap(heap.begin(), heap.end());
+    }
+  }
+  return fetches;
+}
+
+}  // namespace spillway::sim

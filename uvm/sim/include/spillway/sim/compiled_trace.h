@@ -1,0 +1,92 @@
+// A trace prepared for simulation: every block placed at the address a caching allocator
+// would give it (DESIGN §5), every kernel's footprint as address ranges (what a Policy
+// sees) and as per-chunk touches (what the simulated GPU needs), the peak footprint, the
+// future as the oracle and the lower bound see it. Compiled once per trace, then shared
+// read-only by any number of simulations (thread-safe to read).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "spillway/policy.h"
+#include "spillway/trace.h"
+
+namespace spillway::sim {
+
+// Where the simulated arena starts: a 2 MiB-aligned address in the range CUDA hands out.
+inline constexpr std::uint64_t kArenaBase = 0x7f0000000000ull;
+inline constexpr std::uint32_t kNever = std::numeric_limits<std::uint32_t>::max();
+
+// One block instance (one `alloc`), in allocation order ("alloc sequence" = its index).
+struct BlockPlacement {
+  std::uint64_t addr = 0;
+  std::uint64_t bytes = 0;
+  std::uint32_t first_chunk = 0;  // relative chunk index (0 = the chunk at kArenaBase)
+  std::uint32_t chunks = 0;
+};
+
+// One chunk touched by a kernel or host event (duplicates within the event merged).
+struct ChunkTouch {
+  std::uint32_t chunk = 0;          // relative chunk index
+  std::uint32_t bytes = 0;          // bytes of the chunk touched (<= 2 MiB)
+  std::uint32_t next = kNever;      // index (in touches) of the next kernel touch of this chunk
+                                    // within the same block instance, or kNever
+  std::uint32_t block = 0;          // alloc sequence of the block holding the chunk
+  bool write = false;
+  bool first_touch = false;         // first touch since the block's alloc (costs no transfer)
+};
+
+struct KernelRecord {
+  std::uint32_t name = 0;           // index into CompiledTrace::names
+  std::uint64_t dur_ns = 0;
+  std::uint64_t exec_id = 0;        // hash of name and accessed addresses (DeepUM's execution id)
+  std::uint32_t access_begin = 0, access_end = 0;  // into accesses
+  std::uint32_t touch_begin = 0, touch_end = 0;    // into touches
+  bool host = false;                // a `host` event (CPU touches), not a kernel
+  std::uint64_t line = 0;
+};
+
+struct Op {
+  enum class Kind : std::uint8_t { alloc, free, kernel, host, iter } kind;
+  std::uint32_t index;  // alloc/free: block (alloc sequence); kernel/host: kernel record; iter: n
+};
+
+struct CompiledTrace {
+  std::string path;
+  std::string name;       // file name without .jsonl(.gz)
+  nlohmann::json header;
+  std::vector<Op> ops;
+  std::vector<BlockPlacement> blocks;
+  std::vector<KernelRecord> kernels;   // kernels and host events, in trace order
+  std::vector<Access> accesses;        // per kernel: the address ranges (Policy view)
+  std::vector<ChunkTouch> touches;     // per kernel: the chunks (GPU view)
+  std::vector<std::string> names;
+  std::uint32_t arena_chunks = 0;      // relative chunk indices are < arena_chunks
+  std::uint64_t peak_bytes = 0;        // max over time of live blocks rounded up to 2 MiB chunks
+  std::uint64_t compute_ns = 0;        // sum of kernel durations
+  std::uint64_t kernel_count = 0;
+
+  ChunkIndex absolute_chunk(std::uint32_t relative) const { return kArenaBase / kChunkBytes + relative; }
+};
+
+// Compiles a trace. Addresses: a trace's `addr` is ignored (the trace's own addresses came
+// from another process); every block gets whole 2 MiB chunks of its own, freed ranges are
+// reused best-fit (smallest free range that fits, lowest address among equals; adjacent free
+// ranges merge; the arena grows only when nothing fits), as PyTorch's caching allocator
+// reuses its segments, so a training loop's addresses repeat every iteration.
+CompiledTrace compile(const trace::Trace& trace);
+// Reads (trace::read_trace) and compiles. Throws trace::TraceError.
+CompiledTrace compile_file(const std::string& path);
+
+// MIN_H2D of the lower bound (issue 3 §5): the number of chunk fetches under Belady's MIN
+// with bypass at `capacity_chunks`, over the kernels' chunk touches in order. The first
+// touch of a chunk after its block's alloc is free; a freed block's chunks leave at no cost;
+// a missing chunk whose next use is later than every resident chunk's (or never) is read
+// remotely and not kept. O(touches log capacity).
+std::uint64_t min_fetches(const CompiledTrace& trace, std::uint64_t capacity_chunks);
+
+}  // namespace spillway::sim

@@ -1,0 +1,139 @@
+// SimBackend: the Engine's Backend over a simulated GPU (DESIGN §5, docs/simulator.md).
+// Time is simulated, in ns. One compute stream runs kernels in trace order; one H2D and one
+// D2H copy engine run explicit prefetches and evictions in issue order, overlapping compute.
+// Residency is per 2 MiB chunk. A kernel that touches a chunk that is neither resident nor
+// arriving faults; faults are serviced in batches, and fault-driven migration runs slower
+// than a prefetch. When the GPU is full the driver evicts root chunks oldest-migrated-first.
+// Advice: accessed-by GPU on a chunk that is not resident, or preferred location CPU, makes
+// the GPU read it remotely over the link; read-mostly makes eviction of an unwritten chunk
+// free. Deterministic: no clocks, no randomness, no hashing of pointers.
+//
+// Not thread-safe: one simulation per instance (run many instances in parallel).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "spillway/backend.h"
+#include "spillway/sim/compiled_trace.h"
+#include "spillway/sim/params.h"
+
+namespace spillway::sim {
+
+// Counters of one simulation. Bytes are bytes, times ns.
+struct SimStats {
+  std::uint64_t time_ns = 0;           // end of the last kernel
+  std::uint64_t compute_ns = 0;        // sum of kernel durations
+  std::uint64_t h2d_bytes = 0;         // prefetched + fault-migrated + read remotely
+  std::uint64_t d2h_bytes = 0;         // written back on eviction (Engine's or the driver's)
+  std::uint64_t faults = 0;            // GPU faults at fault granularity (after the density prefetcher)
+  std::uint64_t fault_batches = 0;
+  std::uint64_t fault_stall_ns = 0;    // time kernels waited for faults
+  std::uint64_t wait_ns = 0;           // time kernels waited for prefetches still in flight
+  std::uint64_t prefetch_bytes = 0;    // H2D bytes copied by explicit prefetches
+  std::uint64_t prefetch_used_bytes = 0;  // of those, chunks a kernel touched before eviction
+  std::uint64_t remote_bytes = 0;      // bytes read or written remotely (zero-copy)
+  std::uint64_t driver_evictions = 0;  // chunks the driver evicted (GPU full)
+  std::uint64_t chunks_in = 0;         // chunks that became resident (copied or first-touch populated)
+  std::uint64_t chunks_evicted = 0;    // chunks that left by eviction (any)
+  std::uint64_t chunks_dropped = 0;    // resident chunks dropped because their block was freed
+  std::uint64_t resident_chunks = 0;   // resident now
+  std::uint64_t peak_occupied_chunks = 0;  // max of resident + evictions still copying out
+};
+
+// A span on the timeline (Chrome/Perfetto trace-event "X" events).
+struct Span {
+  enum Track : std::uint8_t { compute, h2d, d2h, fault } track;
+  std::uint32_t label;  // kernel: index into CompiledTrace::names; else unused
+  std::uint64_t start_ns;
+  std::uint64_t dur_ns;
+};
+
+class SimBackend final : public Backend {
+ public:
+  // `trace` must outlive the backend. With `record_spans`, keeps a timeline (spans()).
+  SimBackend(const CompiledTrace& trace, const SimParams& params, bool record_spans = false);
+
+  // --- Backend ---
+  Result memory_info(std::uint64_t* free_bytes, std::uint64_t* total_bytes) override;
+  std::uint64_t host_memory_bytes() override;
+  bool concurrent_managed_access() override { return true; }
+  int current_device() override { return 0; }
+  // Returns the address the compiled trace placed the next block at (expect_block()).
+  Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override;
+  // Drops the block's chunks at no cost (its data is dead).
+  Result free_managed(std::uint64_t addr) override;
+  // Issued now(): toward the GPU on the H2D engine, toward the CPU on the D2H engine.
+  Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) override;
+  Result advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) override;
+  bool is_capturing(StreamHandle) override { return false; }
+  Result record_event(StreamHandle, EventHandle* event) override;
+  Result event_done(EventHandle) override { return {}; }
+  void destroy_event(EventHandle) override {}
+  Result wait_event(EventHandle) override { return {}; }
+
+  // --- driven by the simulator ---
+  // The next allocate_managed() is block `alloc_seq` of the compiled trace.
+  void expect_block(std::uint32_t alloc_seq) { expected_block_ = alloc_seq; }
+  // Runs kernel (or host event) record `index`: waits for arriving chunks, services faults,
+  // reads remote chunks, computes. Advances now() to its end.
+  void run(std::uint32_t index);
+  // Simulated time at which the host issues the next launch's decisions: the end of the
+  // previous kernel (the host keeps up with the GPU; policies provide the run-ahead).
+  std::uint64_t now() const { return t_compute_; }
+  const SimStats& stats();
+  const std::vector<Span>& spans() const { return spans_; }
+  std::uint64_t capacity_chunks() const { return capacity_chunks_; }
+
+ private:
+  enum State : std::uint8_t { fresh = 0, cpu = 1, gpu = 2 };
+  enum Flag : std::uint8_t {
+    accessed_by = 1,
+    prefer_cpu = 2,
+    read_mostly = 4,
+    dirty = 8,          // written since it became resident
+    unused_prefetch = 16,
+  };
+  static constexpr std::uint64_t kNoSlot = ~0ull;
+
+  void retire(std::uint64_t t);
+  std::uint64_t acquire_slot(std::uint64_t t);
+  std::uint64_t write_back(std::uint32_t c, std::uint64_t not_before);
+  void make_resident(std::uint32_t c, std::uint64_t ready);
+  void leave(std::uint32_t c);
+  void prefetch_in(std::uint32_t c, std::uint64_t now);
+  void evict(std::uint32_t c, std::uint64_t now);
+  void note_occupancy();
+  std::uint64_t copy_ns(double bytes_per_s, std::uint64_t bytes) const;
+
+  const CompiledTrace& trace_;
+  SimParams params_;
+  bool record_spans_;
+  std::uint64_t capacity_chunks_;
+  double fault_bw_;
+  std::uint32_t density_pages_;  // faults per chunk before the density prefetcher takes the rest
+  std::uint32_t expected_block_ = 0;
+  std::vector<std::uint32_t> live_block_;  // per chunk: alloc sequence + 1 of the live block on it, 0 none
+
+  std::vector<std::uint8_t> state_;
+  std::vector<std::uint8_t> flags_;
+  std::vector<std::uint64_t> ready_;     // gpu: when the chunk's data is there
+  std::vector<std::uint64_t> mig_seq_;   // gpu: migration order (driver's eviction list)
+  std::vector<std::uint32_t> pin_;       // epoch of the kernel being run that touches it
+  std::deque<std::pair<std::uint32_t, std::uint64_t>> fifo_;  // (chunk, mig_seq), oldest first
+  std::deque<std::uint64_t> leaving_;    // completion times of evictions still copying out
+  std::uint64_t next_mig_ = 1;
+  std::uint32_t epoch_ = 0;
+  std::uint64_t resident_ = 0;
+
+  std::uint64_t t_compute_ = 0;
+  std::uint64_t t_h2d_ = 0;
+  std::uint64_t t_d2h_ = 0;
+  SimStats stats_;
+  std::vector<Span> spans_;
+  std::vector<std::uint32_t> missing_;
+};
+
+}  // namespace spillway::sim

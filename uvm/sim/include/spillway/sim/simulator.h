@@ -1,0 +1,49 @@
+// The simulator (DESIGN §1, §5): runs one trace against one policy at one capacity — the
+// shim's Engine and Policy, unchanged, over a SimBackend — and the lower bound beside it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "policies.h"  // prefetch/: the policies and the oracle's future
+#include "spillway/engine.h"
+#include "spillway/sim/compiled_trace.h"
+#include "spillway/sim/params.h"
+#include "spillway/sim/sim_backend.h"
+
+namespace spillway::sim {
+
+struct CellResult {
+  std::string trace;          // CompiledTrace::name
+  std::string policy;
+  std::string link;
+  std::uint64_t capacity_bytes = 0;
+  double capacity_frac = 0;   // capacity / peak footprint
+  std::uint64_t bound_ns = 0; // max(compute, MIN_H2D / B_h2d)
+  std::uint64_t min_fetch_chunks = 0;
+  SimStats sim;
+  Stats engine;
+};
+
+// The lower bound (issue 3 §5): max(compute time, min_fetches * 2 MiB / B_h2d), in ns.
+std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, std::uint64_t* fetches = nullptr);
+
+// The oracle's view of `trace` (every launch's chunks with next uses) at `capacity_chunks`.
+spillway::OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chunks);
+
+// Runs `policy` (any of sim_policy_names()) over `trace` at params.capacity_bytes.
+// Deterministic. With `spans`, records the timeline there. `min_fetch_chunks`, when given,
+// is min_fetches() at this capacity, computed earlier (the sweep shares it among policies).
+// Throws std::invalid_argument for an unknown policy. Thread-safe for distinct calls (the
+// trace is only read).
+CellResult run_cell(const CompiledTrace& trace, const std::string& policy, const SimParams& params,
+                    std::vector<Span>* spans = nullptr, const std::uint64_t* min_fetch_chunks = nullptr);
+
+// Writes `spans` as a Chrome/Perfetto trace-event JSON file (open in ui.perfetto.dev or
+// chrome://tracing): kernels, prefetches, evictions and fault stalls on their own tracks.
+// Throws std::runtime_error when the file cannot be written.
+void write_timeline(const std::string& path, const CompiledTrace& trace, const CellResult& result,
+                    const std::vector<Span>& spans);
+
+}  // namespace spillway::sim

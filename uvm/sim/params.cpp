@@ -1,0 +1,37 @@
+#include "spillway/sim/params.h"
+
+namespace spillway::sim {
+
+const std::vector<LinkProfile>& link_profiles() {
+  static const std::vector<LinkProfile> profiles{
+      // G10 (MICRO 2023) simulator configuration: PCIe 3.0 x16 at 15.754 GB/s and 45 us per
+      // far fault (the UVMSmart figure). Kept identical for comparison with G10's results.
+      {"pcie3", 15.754e9, 15.754e9, 45'000, "G10 (MICRO'23) simulator: 15.754 GB/s, 45 us far fault"},
+      // PCIe 4.0 x16: 31.5 GB/s raw, ~25 GB/s achievable by cudaMemcpy/prefetch (DESIGN §5).
+      // Fault batch cost: G10/UVMSmart's 45 us (the driver's software path, not the link).
+      {"pcie4", 25e9, 25e9, 45'000, "PCIe 4.0 x16 ~25 GB/s achievable (DESIGN §5); 45 us fault batch (G10)"},
+      // PCIe 5.0 x16: 63 GB/s raw, ~50 GB/s achievable (DESIGN §5).
+      {"pcie5", 50e9, 50e9, 45'000, "PCIe 5.0 x16 ~50 GB/s achievable (DESIGN §5); 45 us fault batch (G10)"},
+      // Grace Hopper NVLink-C2C, measured ~375 GB/s H2D and ~297 GB/s D2H (DESIGN §5).
+      {"c2c", 375e9, 297e9, 45'000, "NVLink-C2C measured 375/297 GB/s (DESIGN §5); 45 us fault batch (G10)"},
+      // h200: SLOT TO BE FILLED from a measurement on that machine (bench/workloads
+      // linkbench). Until then these are PLACEHOLDERS equal to pcie5.
+      {"h200", 50e9, 50e9, 45'000, "PLACEHOLDER (pcie5 figures) until measured on an H200"},
+  };
+  return profiles;
+}
+
+std::optional<LinkProfile> find_link(std::string_view name) {
+  for (const LinkProfile& p : link_profiles()) {
+    if (p.name == name) return p;
+  }
+  return std::nullopt;
+}
+
+SimParams default_params() {
+  SimParams p;
+  p.link = *find_link("pcie5");
+  return p;
+}
+
+}  // namespace spillway::sim

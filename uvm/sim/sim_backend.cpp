@@ -1,0 +1,292 @@
+#include "spillway/sim/sim_backend.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace spillway::sim {
+
+SimBackend::SimBackend(const CompiledTrace& trace, const SimParams& params, bool record_spans)
+    : trace_(trace), params_(params), record_spans_(record_spans) {
+  capacity_chunks_ = params.capacity_bytes / kChunkBytes;
+  fault_bw_ = params.link.h2d_bytes_per_s / std::max(1.0, params.fault_slowdown);
+  const std::uint64_t pages = std::max<std::uint64_t>(1, kChunkBytes / std::max<std::uint64_t>(1, params.fault_granularity_bytes));
+  density_pages_ = static_cast<std::uint32_t>(
+      params.density_threshold >= 1.0 ? pages
+                                      : std::min<std::uint64_t>(pages, static_cast<std::uint64_t>(std::floor(params.density_threshold * pages)) + 1));
+  const std::size_t n = trace.arena_chunks;
+  live_block_.assign(n, 0);
+  state_.assign(n, fresh);
+  flags_.assign(n, 0);
+  ready_.assign(n, 0);
+  mig_seq_.assign(n, 0);
+  pin_.assign(n, 0);
+  stats_.compute_ns = 0;
+}
+
+std::uint64_t SimBackend::copy_ns(double bytes_per_s, std::uint64_t bytes) const {
+  if (bytes == 0) return 0;
+  return static_cast<std::uint64_t>(std::ceil(static_cast<double>(bytes) * 1e9 / bytes_per_s));
+}
+
+Result SimBackend::memory_info(std::uint64_t* free_bytes, std::uint64_t* total_bytes) {
+  *free_bytes = *total_bytes = capacity_chunks_ * kChunkBytes;
+  return {};
+}
+
+std::uint64_t SimBackend::host_memory_bytes() { return 1ull << 62; }  // host RAM is not modelled
+
+Result SimBackend::record_event(StreamHandle, EventHandle* event) {
+  *event = 1;
+  return {};
+}
+
+Result SimBackend::allocate_managed(std::uint64_t bytes, std::uint64_t* addr) {
+  if (expected_block_ >= trace_.blocks.size() || trace_.blocks[expected_block_].bytes != bytes) {
+    return Result{Status::invalid_value, 0};
+  }
+  const BlockPlacement& b = trace_.blocks[expected_block_];
+  for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
+    live_block_[c] = expected_block_ + 1;
+    state_[c] = fresh;
+    flags_[c] = 0;
+  }
+  *addr = b.addr;
+  return {};
+}
+
+Result SimBackend::free_managed(std::uint64_t addr) {
+  if (addr < kArenaBase) return Result{Status::invalid_value, 0};
+  std::uint64_t rel = (addr - kArenaBase) / kChunkBytes;
+  if (rel >= live_block_.size() || live_block_[rel] == 0) return Result{Status::invalid_value, 0};
+  const BlockPlacement& b = trace_.blocks[live_block_[rel] - 1];
+  if (b.addr != addr) return Result{Status::invalid_value, 0};
+  for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
+    if (state_[c] == gpu) {
+      leave(c);
+      ++stats_.chunks_dropped;
+    }
+    state_[c] = fresh;
+    flags_[c] = 0;
+    live_block_[c] = 0;
+  }
+  return {};
+}
+
+void SimBackend::retire(std::uint64_t t) {
+  while (!leaving_.empty() && leaving_.front() <= t) leaving_.pop_front();
+}
+
+void SimBackend::note_occupancy() {
+  stats_.peak_occupied_chunks = std::max<std::uint64_t>(stats_.peak_occupied_chunks, resident_ + leaving_.size());
+}
+
+void SimBackend::leave(std::uint32_t c) {
+  --resident_;
+  flags_[c] &= static_cast<std::uint8_t>(~(unused_prefetch | dirty));
+}
+
+std::uint64_t SimBackend::write_back(std::uint32_t c, std::uint64_t not_before) {
+  std::uint64_t start = std::max({not_before, t_d2h_, ready_[c]});
+  if ((flags_[c] & read_mostly) && !(flags_[c] & dirty)) return start;  // a valid copy stays on the CPU
+  std::uint64_t done = start + copy_ns(params_.link.d2h_bytes_per_s, kChunkBytes);
+  t_d2h_ = done;
+  stats_.d2h_bytes += kChunkBytes;
+  if (record_spans_) spans_.push_back({Span::d2h, 0, start, done - start});
+  return done;
+}
+
+std::uint64_t SimBackend::acquire_slot(std::uint64_t t) {
+  retire(t);
+  if (resident_ + leaving_.size() < capacity_chunks_) return t;
+  if (!leaving_.empty()) {
+    std::uint64_t free_at = leaving_.front();
+    leaving_.pop_front();
+    return std::max(t, free_at);
+  }
+  // The driver evicts the oldest-migrated root chunk that the running kernel does not use
+  // (uvm_pmm_gpu.c: the root chunk list is ordered by migration, not by access).
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> skipped;
+  std::uint64_t slot = kNoSlot;
+  while (!fifo_.empty()) {
+    auto [c, seq] = fifo_.front();
+    fifo_.pop_front();
+    if (state_[c] != gpu || mig_seq_[c] != seq) continue;  // stale entry
+    if (pin_[c] == epoch_) {
+      skipped.emplace_back(c, seq);
+      continue;
+    }
+    slot = write_back(c, t);
+    leave(c);
+    state_[c] = cpu;
+    ++stats_.driver_evictions;
+    ++stats_.chunks_evicted;
+    break;
+  }
+  for (auto it = skipped.rbegin(); it != skipped.rend(); ++it) fifo_.push_front(*it);
+  return slot;
+}
+
+void SimBackend::make_resident(std::uint32_t c, std::uint64_t ready) {
+  state_[c] = gpu;
+  ready_[c] = ready;
+  mig_seq_[c] = next_mig_++;
+  fifo_.emplace_back(c, mig_seq_[c]);
+  ++resident_;
+  ++stats_.chunks_in;
+  note_occupancy();
+}
+
+void SimBackend::prefetch_in(std::uint32_t c, std::uint64_t now) {
+  if (state_[c] == gpu || live_block_[c] == 0) return;
+  std::uint64_t slot = acquire_slot(now);
+  if (slot == kNoSlot) return;
+  if (state_[c] == fresh) {  // never touched: the pages are simply created on the GPU
+    make_resident(c, slot);
+    return;
+  }
+  std::uint64_t start = std::max(slot, t_h2d_);
+  std::uint64_t done = start + copy_ns(params_.link.h2d_bytes_per_s, kChunkBytes);
+  t_h2d_ = done;
+  stats_.h2d_bytes += kChunkBytes;
+  stats_.prefetch_bytes += kChunkBytes;
+  if (record_spans_) spans_.push_back({Span::h2d, 0, start, done - start});
+  make_resident(c, done);
+  flags_[c] |= unused_prefetch;
+}
+
+void SimBackend::evict(std::uint32_t c, std::uint64_t now) {
+  if (state_[c] != gpu) return;
+  std::uint64_t done = write_back(c, now);
+  leave(c);
+  state_[c] = cpu;
+  ++stats_.chunks_evicted;
+  leaving_.push_back(leaving_.empty() ? done : std::max(done, leaving_.back()));
+  note_occupancy();
+}
+
+Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) {
+  if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
+  std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
+  if (last >= live_block_.size()) return Result{Status::invalid_value, 0};
+  for (std::uint64_t c = first; c <= last; ++c) {
+    if (to == Location::gpu) prefetch_in(static_cast<std::uint32_t>(c), t_compute_);
+    else evict(static_cast<std::uint32_t>(c), t_compute_);
+  }
+  return {};
+}
+
+Result SimBackend::advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int) {
+  if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
+  std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
+  if (last >= live_block_.size()) return Result{Status::invalid_value, 0};
+  for (std::uint64_t c = first; c <= last; ++c) {
+    std::uint8_t& f = flags_[c];
+    switch (advice) {
+      case Advice::preferred_location:
+        if (where == Location::cpu) f |= prefer_cpu; else f &= static_cast<std::uint8_t>(~prefer_cpu);
+        break;
+      case Advice::unset_preferred_location: f &= static_cast<std::uint8_t>(~prefer_cpu); break;
+      case Advice::accessed_by: f |= accessed_by; break;
+      case Advice::unset_accessed_by: f &= static_cast<std::uint8_t>(~accessed_by); break;
+      case Advice::read_mostly: f |= read_mostly; break;
+      case Advice::unset_read_mostly: f &= static_cast<std::uint8_t>(~read_mostly); break;
+    }
+  }
+  return {};
+}
+
+void SimBackend::run(std::uint32_t index) {
+  const KernelRecord& k = trace_.kernels[index];
+  const ChunkTouch* touches = trace_.touches.data();
+  if (k.host) {
+    // The CPU touches managed data: chunks on the GPU fault back to the host (CPU faults at
+    // the fault-path rate), after the GPU has finished what it was doing.
+    std::uint64_t t = t_compute_;
+    for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
+      std::uint32_t c = touches[j].chunk;
+      if (state_[c] == gpu) {
+        t = std::max(t, ready_[c]) + copy_ns(params_.link.d2h_bytes_per_s / std::max(1.0, params_.fault_slowdown), kChunkBytes);
+        stats_.d2h_bytes += kChunkBytes;
+        ++stats_.faults;
+        leave(c);
+        ++stats_.chunks_evicted;
+        state_[c] = cpu;
+      } else if (state_[c] == fresh) {
+        state_[c] = cpu;
+      }
+    }
+    t_compute_ = t;
+    return;
+  }
+
+  ++epoch_;
+  for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) pin_[touches[j].chunk] = epoch_;
+  const std::uint64_t t0 = t_compute_;
+  std::uint64_t ready = t0, remote = 0;
+  missing_.clear();
+  for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
+    const ChunkTouch& tt = touches[j];
+    std::uint32_t c = tt.chunk;
+    std::uint8_t f = flags_[c];
+    if (state_[c] == gpu) {
+      if (ready_[c] > ready) ready = ready_[c];
+      if (f & unused_prefetch) {
+        stats_.prefetch_used_bytes += kChunkBytes;
+        flags_[c] = f & static_cast<std::uint8_t>(~unused_prefetch);
+      }
+    } else if ((f & prefer_cpu) || ((f & accessed_by) && state_[c] == cpu)) {
+      remote += tt.bytes;
+    } else {
+      missing_.push_back(j);
+    }
+  }
+  stats_.wait_ns += ready - t0;
+  std::uint64_t t = ready, faults = 0, fault_copy = 0;
+  for (std::uint32_t j : missing_) {
+    const ChunkTouch& tt = touches[j];
+    std::uint32_t c = tt.chunk;
+    std::uint64_t slot = acquire_slot(t);
+    if (slot == kNoSlot) {  // the kernel's footprint exceeds the GPU: the rest is read remotely
+      remote += tt.bytes;
+      continue;
+    }
+    t = std::max(t, slot);
+    if (state_[c] != fresh) {
+      std::uint64_t pages = (tt.bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
+      faults += std::min<std::uint64_t>(pages, density_pages_);
+      t += copy_ns(fault_bw_, kChunkBytes);
+      fault_copy += kChunkBytes;
+    }
+    make_resident(c, t);
+  }
+  if (faults > 0) {
+    std::uint64_t batches = (faults + params_.fault_batch_size - 1) / params_.fault_batch_size;
+    t += batches * params_.link.fault_batch_ns;
+    stats_.faults += faults;
+    stats_.fault_batches += batches;
+  }
+  if (fault_copy > 0) {
+    stats_.h2d_bytes += fault_copy;
+    // The fault path held the H2D copy engine.
+    t_h2d_ = std::max(t_h2d_ + copy_ns(params_.link.h2d_bytes_per_s, fault_copy), t);
+  }
+  stats_.fault_stall_ns += t - ready;
+  if (record_spans_ && t > ready) spans_.push_back({Span::fault, 0, ready, t - ready});
+  stats_.remote_bytes += remote;
+  stats_.h2d_bytes += remote;
+  std::uint64_t end = t + k.dur_ns + copy_ns(params_.link.h2d_bytes_per_s * params_.remote_efficiency, remote);
+  if (record_spans_) spans_.push_back({Span::compute, k.name, t, end - t});
+  for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
+    if (touches[j].write) flags_[touches[j].chunk] |= dirty;
+  }
+  stats_.compute_ns += k.dur_ns;
+  t_compute_ = end;
+}
+
+const SimStats& SimBackend::stats() {
+  stats_.time_ns = t_compute_;
+  stats_.resident_chunks = resident_;
+  return stats_;
+}
+
+}  // namespace spillway::sim

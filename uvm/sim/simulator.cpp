@@ -1,0 +1,136 @@
+#include "spillway/sim/simulator.h"
+
+#include <cmath>
+#include <fstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace spillway::sim {
+
+std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, std::uint64_t* fetches) {
+  std::uint64_t n = min_fetches(trace, params.capacity_bytes / kChunkBytes);
+  if (fetches != nullptr) *fetches = n;
+  double link_ns = std::ceil(static_cast<double>(n) * static_cast<double>(kChunkBytes) * 1e9 / params.link.h2d_bytes_per_s);
+  return std::max<std::uint64_t>(trace.compute_ns, static_cast<std::uint64_t>(link_ns));
+}
+
+OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chunks) {
+  OracleFuture f;
+  f.capacity_chunks = capacity_chunks;
+  f.touches.reserve(trace.touches.size());
+  for (const ChunkTouch& t : trace.touches) f.touches.push_back({trace.absolute_chunk(t.chunk), t.next, t.block});
+  for (const KernelRecord& k : trace.kernels) {
+    if (k.host) continue;
+    f.launch_begin.push_back(k.touch_begin);
+    f.launch_end.push_back(k.touch_end);
+  }
+  return f;
+}
+
+CellResult run_cell(const CompiledTrace& trace, const std::string& policy_name, const SimParams& params,
+                    std::vector<Span>* spans, const std::uint64_t* min_fetch_chunks) {
+  const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
+  OracleFuture future;
+  if (policy_name == "oracle") future = make_future(trace, capacity_chunks);
+  std::unique_ptr<Policy> policy = make_sim_policy(policy_name, &future);
+  if (!policy) throw std::invalid_argument(fmt::format("unknown policy '{}'", policy_name));
+
+  SimBackend backend(trace, params, spans != nullptr);
+  Config config;
+  config.policy = policy_name;
+  config.budget = SizeSetting{capacity_chunks * kChunkBytes, 0.0, false};
+  config.max_managed = SizeSetting{~0ull >> 2, 0.0, false};
+  config.log_level = LogLevel::error;
+  Engine engine(config, backend, std::move(policy));
+
+  std::vector<std::uint64_t> addr_of(trace.blocks.size(), 0);
+  std::uint64_t launch_seq = 0;
+  for (const Op& op : trace.ops) {
+    switch (op.kind) {
+      case Op::Kind::alloc: {
+        backend.expect_block(op.index);
+        std::uint64_t addr = 0;
+        Result r = engine.allocate(trace.blocks[op.index].bytes, AllocKind::alloc, 0, &addr);
+        if (!r.ok() || addr != trace.blocks[op.index].addr) {
+          throw std::logic_error(fmt::format("simulator: allocation of block {} failed", op.index));
+        }
+        addr_of[op.index] = addr;
+        break;
+      }
+      case Op::Kind::free: {
+        bool ours = false;
+        engine.release(addr_of[op.index], std::nullopt, &ours);
+        break;
+      }
+      case Op::Kind::kernel: {
+        const KernelRecord& k = trace.kernels[op.index];
+        Launch l;
+        l.seq = launch_seq++;
+        l.name = trace.names[k.name];
+        l.exec_id = k.exec_id;
+        l.accesses = std::span<const Access>(trace.accesses.data() + k.access_begin, k.access_end - k.access_begin);
+        l.dur_ns = k.dur_ns;
+        l.now_ns = backend.now();
+        engine.launch(l);
+        backend.run(op.index);
+        break;
+      }
+      case Op::Kind::host: backend.run(op.index); break;
+      case Op::Kind::iter: break;
+    }
+  }
+
+  CellResult r;
+  r.trace = trace.name;
+  r.policy = policy_name;
+  r.link = params.link.name;
+  r.capacity_bytes = params.capacity_bytes;
+  r.capacity_frac = trace.peak_bytes == 0 ? 0.0 : static_cast<double>(params.capacity_bytes) / static_cast<double>(trace.peak_bytes);
+  if (min_fetch_chunks != nullptr) {
+    r.min_fetch_chunks = *min_fetch_chunks;
+    double link_ns = std::ceil(static_cast<double>(r.min_fetch_chunks) * static_cast<double>(kChunkBytes) * 1e9 /
+                               params.link.h2d_bytes_per_s);
+    r.bound_ns = std::max<std::uint64_t>(trace.compute_ns, static_cast<std::uint64_t>(link_ns));
+  } else {
+    r.bound_ns = lower_bound_ns(trace, params, &r.min_fetch_chunks);
+  }
+  r.sim = backend.stats();
+  r.engine = engine.stats();
+  if (spans != nullptr) *spans = backend.spans();
+  return r;
+}
+
+void write_timeline(const std::string& path, const CompiledTrace& trace, const CellResult& result,
+                    const std::vector<Span>& spans) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path));
+  static const char* tracks[] = {"kernels", "H2D prefetch", "D2H eviction", "fault stalls"};
+  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":"
+      << nlohmann::json{{"trace", result.trace}, {"policy", result.policy}, {"link", result.link},
+                        {"capacity_bytes", result.capacity_bytes}}
+             .dump()
+      << ",\"traceEvents\":[\n";
+  out << "{\"ph\":\"M\",\"pid\":1,\"name\":\"process_name\",\"args\":{\"name\":"
+      << nlohmann::json(fmt::format("{} / {} / {}", result.trace, result.policy, result.link)).dump() << "}}";
+  for (int t = 0; t < 4; ++t) {
+    out << fmt::format(",\n{{\"ph\":\"M\",\"pid\":1,\"tid\":{},\"name\":\"thread_name\",\"args\":{{\"name\":\"{}\"}}}}", t + 1,
+                       tracks[t]);
+  }
+  for (const Span& s : spans) {
+    std::string name;
+    switch (s.track) {
+      case Span::compute: name = nlohmann::json(trace.names[s.label]).dump(); break;
+      case Span::h2d: name = "\"prefetch 2 MiB\""; break;
+      case Span::d2h: name = "\"evict 2 MiB\""; break;
+      case Span::fault: name = "\"fault stall\""; break;
+    }
+    out << fmt::format(",\n{{\"ph\":\"X\",\"pid\":1,\"tid\":{},\"name\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}",
+                       static_cast<int>(s.track) + 1, name, s.start_ns / 1e3, s.dur_ns / 1e3);
+  }
+  out << "\n]}\n";
+  if (!out) throw std::runtime_error(fmt::format("{}: write failed", path));
+}
+
+}  // namespace spillway::sim

@@ -1,0 +1,361 @@
+#include "spillway/trace.h"
+
+#include <zlib.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include <fmt/format.h>
+
+namespace spillway::trace {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::size_t kReadChunk = 1 << 16;
+
+std::string type_name(const json& v) {
+  if (v.is_number_float()) return "a fractional number";
+  if (v.is_number_integer() && !v.is_number_unsigned()) return "a negative number";
+  if (v.is_string()) return "a string";
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "a number";
+}
+
+}  // namespace
+
+TraceError::TraceError(const std::string& file, std::uint64_t line, const std::string& message)
+    : std::runtime_error(line == 0 ? fmt::format("{}: {}", file, message) : fmt::format("{}:{}: {}", file, line, message)),
+      file_(file),
+      line_(line),
+      message_(message) {}
+
+const char* to_string(EventKind kind) {
+  switch (kind) {
+    case EventKind::alloc: return "alloc";
+    case EventKind::free: return "free";
+    case EventKind::kernel: return "kernel";
+    case EventKind::host: return "host";
+    case EventKind::iter: return "iter";
+  }
+  return "?";
+}
+
+Reader::Reader(const std::string& path) : path_(path), buffer_(kReadChunk) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) throw TraceError(path, 0, fmt::format("cannot open: {}", std::strerror(errno != 0 ? errno : ENOENT)));
+  gz_ = f;
+  gzbuffer(f, 1 << 17);
+  try {
+    read_header();
+  } catch (...) {
+    gzclose(f);  // the destructor does not run when the constructor throws
+    gz_ = nullptr;
+    throw;
+  }
+}
+
+void Reader::read_header() {
+  std::string text;
+  if (!read_line(text)) {
+    line_ = 1;
+    fail("empty file: expected the header {\"format\":\"spillway-trace\",\"version\":1,...} on line 1");
+  }
+  json h;
+  try {
+    h = json::parse(text);
+  } catch (const json::exception& e) {  // parse_error; out_of_range for numbers such as 1e1500
+    fail(fmt::format("malformed JSON in the header: {}", e.what()));
+  }
+  if (!h.is_object() || !h.contains("format")) {
+    fail("missing header: line 1 must be {\"format\":\"spillway-trace\",\"version\":1,...}");
+  }
+  if (!h["format"].is_string() || h["format"].get<std::string>() != kFormatName) {
+    fail(fmt::format("unknown format {}: expected \"spillway-trace\"", h["format"].dump()));
+  }
+  if (!h.contains("version")) fail("header has no \"version\" (this build reads version 1)");
+  const json& v = h["version"];
+  if (!v.is_number_unsigned() || v.get<std::uint64_t>() != static_cast<std::uint64_t>(kVersion)) {
+    fail(fmt::format("unsupported trace version {} (this build reads version 1)", v.dump()));
+  }
+  header_ = std::move(h);
+}
+
+Reader::~Reader() {
+  if (gz_ != nullptr) gzclose(static_cast<gzFile>(gz_));
+}
+
+void Reader::fail(const std::string& message) const { throw TraceError(path_, line_, message); }
+
+bool Reader::read_line(std::string& line) {
+  line.clear();
+  for (;;) {
+    if (buffer_pos_ < buffer_end_) {
+      const char* start = buffer_.data() + buffer_pos_;
+      const void* nl = std::memchr(start, '\n', buffer_end_ - buffer_pos_);
+      if (nl != nullptr) {
+        std::size_t n = static_cast<const char*>(nl) - start;
+        line.append(start, n);
+        buffer_pos_ += n + 1;
+        ++line_;
+        return true;
+      }
+      line.append(start, buffer_end_ - buffer_pos_);
+      buffer_pos_ = buffer_end_;
+    }
+    if (eof_) {
+      if (line.empty()) return false;
+      ++line_;
+      return true;  // last line without a newline
+    }
+    int n = gzread(static_cast<gzFile>(gz_), buffer_.data(), static_cast<unsigned>(buffer_.size()));
+    if (n < 0) {
+      int code = 0;
+      const char* msg = gzerror(static_cast<gzFile>(gz_), &code);
+      ++line_;
+      fail(fmt::format("cannot read (corrupt or truncated file): {}", msg != nullptr ? msg : "read error"));
+    }
+    if (n == 0) {
+      int code = 0;
+      const char* msg = gzerror(static_cast<gzFile>(gz_), &code);
+      if (code != Z_OK && code != Z_STREAM_END) {
+        ++line_;
+        fail(fmt::format("truncated or corrupt file: {}", msg != nullptr ? msg : "read error"));
+      }
+      eof_ = true;
+    }
+    buffer_pos_ = 0;
+    buffer_end_ = static_cast<std::size_t>(n);
+  }
+}
+
+namespace {
+
+// A required non-negative integer field.
+std::uint64_t get_uint(const json& o, const char* field, const std::function<void(const std::string&)>& fail) {
+  auto it = o.find(field);
+  if (it == o.end()) fail(fmt::format("missing field \"{}\"", field));
+  if (!it->is_number_unsigned()) {
+    fail(fmt::format("\"{}\" must be a non-negative integer, not {} ({})", field, type_name(*it), it->dump()));
+  }
+  return it->get<std::uint64_t>();
+}
+
+}  // namespace
+
+void Reader::parse_ranges(const json& o, const char* field, std::vector<Range>& out) {
+  out.clear();
+  auto it = o.find(field);
+  if (it == o.end() || it->is_null()) return;
+  if (!it->is_array()) fail(fmt::format("\"{}\" must be an array of block ids or [id, offset, bytes]", field));
+  out.reserve(it->size());
+  for (const json& r : *it) {
+    Range range;
+    if (r.is_number_unsigned()) {
+      range.id = r.get<std::uint64_t>();
+    } else if (r.is_array()) {
+      if (r.size() != 3 || !r[0].is_number_unsigned() || !r[1].is_number_unsigned() || !r[2].is_number_unsigned()) {
+        fail(fmt::format("bad range {} in \"{}\": expected [id, offset, bytes], non-negative integers", r.dump(), field));
+      }
+      range.id = r[0].get<std::uint64_t>();
+      range.offset = r[1].get<std::uint64_t>();
+      range.bytes = r[2].get<std::uint64_t>();
+      range.whole = false;
+    } else {
+      fail(fmt::format("bad entry {} in \"{}\": expected a block id (non-negative integer) or [id, offset, bytes]",
+                       r.dump(), field));
+    }
+    auto live = live_.find(range.id);
+    if (live == live_.end()) {
+      fail(fmt::format("block {} in \"{}\" is not live (used before its alloc or after its free)", range.id, field));
+    }
+    if (range.whole) {
+      range.bytes = live->second;
+    } else if (range.bytes == 0 || range.offset > live->second || range.bytes > live->second - range.offset) {
+      fail(fmt::format("range [{}, {}, {}] in \"{}\" lies outside block {} ({} bytes)", range.id, range.offset, range.bytes,
+                       field, range.id, live->second));
+    }
+    out.push_back(range);
+  }
+}
+
+void Reader::parse_event(const std::string& text, Event& ev) {
+  json o;
+  try {
+    o = json::parse(text);
+  } catch (const json::exception& e) {  // parse_error; out_of_range for numbers such as 1e1500
+    fail(fmt::format("malformed JSON: {}", e.what()));
+  }
+  if (!o.is_object()) fail("each line must be a JSON object");
+  auto kind = o.find("ev");
+  if (kind == o.end()) fail("missing field \"ev\" (the event type)");
+  if (!kind->is_string()) fail("\"ev\" must be a string");
+  const std::string& k = kind->get_ref<const std::string&>();
+  auto bad = [this](const std::string& m) { fail(m); };
+  ev.line = line_;
+  ev.has_addr = false;
+  if (k == "alloc") {
+    ev.kind = EventKind::alloc;
+    ev.id = get_uint(o, "id", bad);
+    ev.bytes = get_uint(o, "bytes", bad);
+    if (ev.bytes == 0) fail("\"bytes\" must be positive");
+    if (auto a = o.find("addr"); a != o.end() && !a->is_null()) {
+      ev.addr = get_uint(o, "addr", bad);
+      ev.has_addr = true;
+    }
+    auto s = o.find("kind");
+    ev.alloc_kind = (s != o.end() && s->is_string()) ? s->get<std::string>() : std::string();
+    s = o.find("site");
+    ev.site = (s != o.end() && s->is_string()) ? s->get<std::string>() : std::string();
+    if (!live_.emplace(ev.id, ev.bytes).second) fail(fmt::format("block {} is allocated again while still live", ev.id));
+  } else if (k == "free") {
+    ev.kind = EventKind::free;
+    ev.id = get_uint(o, "id", bad);
+    auto it = live_.find(ev.id);
+    if (it == live_.end()) fail(fmt::format("free of block {}, which is not live (never allocated or already freed)", ev.id));
+    ev.bytes = it->second;
+    live_.erase(it);
+  } else if (k == "kernel") {
+    ev.kind = EventKind::kernel;
+    auto name = o.find("name");
+    if (name == o.end()) fail("missing field \"name\"");
+    if (!name->is_string()) fail("\"name\" must be a string");
+    ev.name = name->get<std::string>();
+    auto dur = o.find("dur_ns");
+    if (dur == o.end()) fail("missing field \"dur_ns\"");
+    if (dur->is_number_unsigned()) {
+      ev.dur_ns = dur->get<std::uint64_t>();
+    } else if (dur->is_number_float() && std::isfinite(dur->get<double>()) && dur->get<double>() >= 0 &&
+               dur->get<double>() < 1.8e19) {
+      ev.dur_ns = static_cast<std::uint64_t>(std::llround(dur->get<double>()));
+    } else {
+      fail(fmt::format("\"dur_ns\" must be a non-negative number of nanoseconds, not {} ({})", type_name(*dur), dur->dump()));
+    }
+    ev.stream = 0;
+    if (auto s = o.find("stream"); s != o.end() && !s->is_null()) ev.stream = get_uint(o, "stream", bad);
+    parse_ranges(o, "reads", ev.reads);
+    parse_ranges(o, "writes", ev.writes);
+  } else if (k == "host") {
+    ev.kind = EventKind::host;
+    parse_ranges(o, "reads", ev.reads);
+    parse_ranges(o, "writes", ev.writes);
+  } else if (k == "iter") {
+    ev.kind = EventKind::iter;
+    ev.n = get_uint(o, "n", bad);
+  } else {
+    fail(fmt::format("unknown event type \"{}\" (expected alloc, free, kernel, host or iter)", k));
+  }
+}
+
+bool Reader::next(Event& event) {
+  std::string text;
+  for (;;) {
+    if (!read_line(text)) return false;
+    // Blank lines (e.g. a trailing one) are allowed.
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    parse_event(text, event);
+    return true;
+  }
+}
+
+std::uint64_t Reader::live_bytes(std::uint64_t id) const {
+  auto it = live_.find(id);
+  return it == live_.end() ? 0 : it->second;
+}
+
+Trace read_trace(const std::string& path) {
+  Reader reader(path);
+  Trace t;
+  t.path = path;
+  t.header = reader.header();
+  Event ev;
+  while (reader.next(ev)) t.events.push_back(ev);
+  return t;
+}
+
+// ---- writing ----
+
+json to_json(const Event& e) {
+  json o;
+  o["ev"] = to_string(e.kind);
+  auto ranges = [](const std::vector<Range>& rs) {
+    json a = json::array();
+    for (const Range& r : rs) {
+      if (r.whole) a.push_back(r.id);
+      else a.push_back(json::array({r.id, r.offset, r.bytes}));
+    }
+    return a;
+  };
+  switch (e.kind) {
+    case EventKind::alloc:
+      o["id"] = e.id;
+      o["bytes"] = e.bytes;
+      if (e.has_addr) o["addr"] = e.addr;
+      if (!e.alloc_kind.empty()) o["kind"] = e.alloc_kind;
+      if (!e.site.empty()) o["site"] = e.site;
+      break;
+    case EventKind::free: o["id"] = e.id; break;
+    case EventKind::kernel:
+      o["name"] = e.name;
+      o["dur_ns"] = e.dur_ns;
+      o["reads"] = ranges(e.reads);
+      o["writes"] = ranges(e.writes);
+      if (e.stream != 0) o["stream"] = e.stream;
+      break;
+    case EventKind::host:
+      o["reads"] = ranges(e.reads);
+      o["writes"] = ranges(e.writes);
+      break;
+    case EventKind::iter: o["n"] = e.n; break;
+  }
+  return o;
+}
+
+Writer::Writer(const std::string& path) : path_(path) {
+  bool gz = path.size() >= 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  gzFile f = gzopen(path.c_str(), gz ? "wb6" : "wbT");
+  if (f == nullptr) throw std::runtime_error(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
+  gz_ = f;
+}
+
+Writer::~Writer() {
+  if (gz_ != nullptr) gzclose(static_cast<gzFile>(gz_));
+}
+
+void Writer::write_raw(const std::string& line) {
+  if (gz_ == nullptr) throw std::runtime_error(fmt::format("{}: write after close", path_));
+  std::string s = line + "\n";
+  if (gzwrite(static_cast<gzFile>(gz_), s.data(), static_cast<unsigned>(s.size())) != static_cast<int>(s.size())) {
+    throw std::runtime_error(fmt::format("{}: write failed", path_));
+  }
+}
+
+void Writer::write_header(const std::string& source, const json& extra) {
+  json h = json::object();
+  h["format"] = kFormatName;
+  h["version"] = kVersion;
+  h["source"] = source;
+  if (extra.is_object()) {
+    for (auto it = extra.begin(); it != extra.end(); ++it) {
+      if (it.key() != "format" && it.key() != "version") h[it.key()] = it.value();
+    }
+  }
+  write_raw(h.dump());
+}
+
+void Writer::write(const Event& event) { write_raw(to_json(event).dump()); }
+
+void Writer::close() {
+  if (gz_ == nullptr) return;
+  int rc = gzclose(static_cast<gzFile>(gz_));
+  gz_ = nullptr;
+  if (rc != Z_OK) throw std::runtime_error(fmt::format("{}: closing failed (zlib error {})", path_, rc));
+}
+
+}  // namespace spillway::trace
