@@ -187,7 +187,7 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.sweep = app.add_subcommand("sweep",
                                "Simulate traces under each policy at each GPU capacity and print time against the lower bound.");
   o.sweep->add_option("traces", o.traces, "trace files (spillway-trace v1, .jsonl or .jsonl.gz)")->required();
-  o.sweep->add_option("--policy", o.policies, "policies, comma-separated [demand,advise,sequential,correlation,oracle]")
+  o.sweep->add_option("--policy", o.policies, "policies, comma-separated [demand,advise,sequential,correlation,learned,oracle]")
       ->delimiter(',');
   o.sweep->add_option("--capacity", o.capacities,
                       "GPU capacities: fractions of the trace's peak footprint (0.5), percentages, or sizes (24GiB) [0.667,0.5]")
@@ -335,7 +335,7 @@ int run_sweep(SimCommands::Options& o) {
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto cost = [&](const Cell& c) {
     const std::string& p = policies[c.policy];
-    double weight = p == "oracle" ? 4 : p == "correlation" ? 2.5 : p == "sequential" ? 1.5 : 1;
+    double weight = p == "oracle" ? 4 : p == "correlation" || p == "learned" ? 2.5 : p == "sequential" ? 1.5 : 1;
     return static_cast<double>(traces[c.trace]->touches.size()) * weight;
   };
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost(cells[a]) > cost(cells[b]); });

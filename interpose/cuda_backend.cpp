@@ -123,13 +123,53 @@ Result CudaBackend::free_managed(std::uint64_t addr) {
   return from_cuda(real().cuMemFree_v2(static_cast<CUdeviceptr>(addr)));
 }
 
-CUstream CudaBackend::prefetch_stream() {
-  CUstream s = prefetch_stream_.load(std::memory_order_acquire);
+namespace {
+
+struct LaunchOrder {
+  CUstream launch_stream = nullptr;
+  bool host_ordered = false;    // the host stream waits for the launching stream's work
+  bool evicted = false;         // evictions issued since the GPU stream last waited
+};
+thread_local LaunchOrder* t_order = nullptr;
+
+// Per-thread events used only for ordering (record + cuStreamWaitEvent; re-recording is
+// legal once the wait is enqueued). Created once per thread, never destroyed.
+thread_local CUevent t_order_events[2] = {nullptr, nullptr};
+
+CUevent order_event(int i) {
+  if (t_order_events[i] == nullptr && real().cuEventCreate != nullptr) {
+    CUevent e = nullptr;
+    if (real().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) t_order_events[i] = e;
+  }
+  return t_order_events[i];
+}
+
+// `waiter` waits for the work issued to `after` so far.
+void order_after(CUstream waiter, CUstream after, int slot) {
+  if (real().cuEventRecord == nullptr || real().cuStreamWaitEvent == nullptr) return;
+  CUevent e = order_event(slot);
+  if (e == nullptr) return;
+  if (real().cuEventRecord(e, after) == CUDA_SUCCESS) real().cuStreamWaitEvent(waiter, e, 0);
+}
+
+}  // namespace
+
+LaunchOrderScope::LaunchOrderScope(CUstream launch_stream) {
+  static thread_local LaunchOrder order;
+  order = LaunchOrder{launch_stream, false, false};
+  t_order = &order;
+}
+
+LaunchOrderScope::~LaunchOrderScope() { t_order = nullptr; }
+
+CUstream CudaBackend::own_stream(Location to) {
+  std::atomic<CUstream>& slot = to == Location::gpu ? to_gpu_stream_ : to_host_stream_;
+  CUstream s = slot.load(std::memory_order_acquire);
   if (s != nullptr || real().cuStreamCreate == nullptr) return s;
   CUstream created = nullptr;
   if (real().cuStreamCreate(&created, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
   CUstream expected = nullptr;
-  if (!prefetch_stream_.compare_exchange_strong(expected, created)) return expected;  // another thread won; leak one stream
+  if (!slot.compare_exchange_strong(expected, created)) return expected;  // another thread won; leak one stream
   return created;
 }
 
@@ -137,8 +177,21 @@ Result CudaBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location t
   ShimCallScope scope;
   if (real().cuMemPrefetchAsync_v2 == nullptr) return missing();
   RelaxedCaptureMode relaxed;
-  CUstream stream = prefetch_stream();
+  CUstream stream = own_stream(to);
   if (stream == nullptr) return missing();
+  if (LaunchOrder* o = t_order) {
+    if (to == Location::cpu) {
+      if (!o->host_ordered) {
+        order_after(stream, o->launch_stream, 0);
+        o->host_ordered = true;
+      }
+      o->evicted = true;
+    } else if (o->evicted) {
+      CUstream host = own_stream(Location::cpu);
+      if (host != nullptr) order_after(stream, host, 1);
+      o->evicted = false;
+    }
+  }
   return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
 }
 

@@ -31,8 +31,29 @@ class CudaBackend final : public Backend {
   bool has_current_context();
 
  private:
-  CUstream prefetch_stream();
-  std::atomic<CUstream> prefetch_stream_{nullptr};
+  // The shim's own streams: one toward the GPU, one toward the host (created lazily,
+  // non-blocking, never destroyed: the driver may be unloading at exit).
+  CUstream own_stream(Location to);
+  std::atomic<CUstream> to_gpu_stream_{nullptr};
+  std::atomic<CUstream> to_host_stream_{nullptr};
+};
+
+// Set by a launch hook around Engine::launch on the calling thread: the program's stream
+// the launch goes to (never a capturing one: the hook does not call the Engine then). While
+// it is set, CudaBackend::prefetch orders the shim's streams after the program's work:
+//  - the first eviction (toward the host) of the launch makes the host stream wait for an
+//    event recorded on the launching stream, so chunks are not moved away under kernels
+//    issued before this launch that may still use them;
+//  - the first prefetch toward the GPU after evictions makes the GPU stream wait for an
+//    event recorded on the host stream, so room is made before data arrives (the budget).
+// The launching stream itself never waits for the shim's streams: a kernel that runs before
+// its prefetch completes faults and the driver migrates on demand, which is always correct.
+class LaunchOrderScope {
+ public:
+  explicit LaunchOrderScope(CUstream launch_stream);
+  ~LaunchOrderScope();
+  LaunchOrderScope(const LaunchOrderScope&) = delete;
+  LaunchOrderScope& operator=(const LaunchOrderScope&) = delete;
 };
 
 CudaBackend& backend_instance();

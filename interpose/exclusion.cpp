@@ -27,8 +27,10 @@ struct Loaded {
   unsigned long long adds = 0, subs = 0;
 };
 
-std::shared_mutex g_mutex;
-std::vector<Range> g_ranges;  // executable segments of excluded libraries
+// Never destroyed: allocations on other threads may check exclusion while exit() runs the
+// static destructors.
+std::shared_mutex& g_mutex = *new std::shared_mutex;
+std::vector<Range>& g_ranges = *new std::vector<Range>;  // executable segments of excluded libraries
 Loaded g_seen{~0ull, ~0ull};
 
 int read_counters(struct dl_phdr_info* info, size_t size, void* data) {

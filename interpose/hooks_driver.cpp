@@ -20,12 +20,16 @@ namespace {
 constexpr std::uint64_t kPitchAlignment = 512;
 
 // Redirects one device allocation to managed memory, or returns nullopt to pass it through.
+// Counts every allocation it passes through (once: callers do not count again).
 std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes, AllocKind kind,
                                          StreamHandle stream) {
   interpose::note_driver_alloc_hook_ran();
   if (dptr == nullptr || bytes == 0) return std::nullopt;  // the driver reports its own error
   Engine* e = engine_for_allocation();
-  if (e == nullptr) return std::nullopt;
+  if (e == nullptr) {
+    if (Engine* any = engine()) any->note_passed_through(false);
+    return std::nullopt;
+  }
   if (auto rk = interpose::runtime_alloc_kind()) {
     kind = *rk;
   }
@@ -41,7 +45,10 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
   } else {
     r = e->allocate(bytes, kind, stream, &addr);
   }
-  if (r.status == Status::not_supported) return std::nullopt;
+  if (r.status == Status::not_supported) {
+    e->note_passed_through(false);
+    return std::nullopt;
+  }
   if (!r.ok()) return interpose::to_cuda(r);
   *dptr = static_cast<CUdeviceptr>(addr);
   return CUDA_SUCCESS;
@@ -50,7 +57,6 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
 CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream,
                      CUresult (*real_fn)(CUdeviceptr*, size_t, CUstream)) {
   if (auto r = allocate_managed(dptr, bytes, AllocKind::async, reinterpret_cast<StreamHandle>(stream))) return *r;
-  if (Engine* e = engine()) e->note_passed_through(false);
   return real_fn(dptr, bytes, stream);
 }
 
@@ -69,8 +75,9 @@ CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUs
   // itself carries properties (IPC export, location, release threshold) we cannot honour.
   if (pool != nullptr && is_default_pool(pool)) {
     if (auto r = allocate_managed(dptr, bytes, AllocKind::pool_async, reinterpret_cast<StreamHandle>(stream))) return *r;
+  } else if (Engine* e = engine(); e != nullptr && dptr != nullptr && bytes != 0) {
+    e->note_passed_through(false);
   }
-  if (Engine* e = engine()) e->note_passed_through(false);
   return real_fn(dptr, bytes, pool, stream);
 }
 
@@ -109,7 +116,6 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   interpose::ensure_driver();
   if (auto r = allocate_managed(dptr, bytesize, AllocKind::alloc, 0)) return *r;
-  if (Engine* e = engine(); e != nullptr && dptr != nullptr && bytesize != 0) e->note_passed_through(false);
   return real().cuMemAlloc_v2(dptr, bytesize);
 }
 
@@ -171,18 +177,26 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
   return free_async(dptr, hStream, real().cuMemFreeAsync_ptsz);
 }
 
+CUresult cuStreamDestroy_v2(CUstream hStream) {
+  if (Engine* e = engine(); e != nullptr && hStream != nullptr) e->stream_destroyed(reinterpret_cast<StreamHandle>(hStream));
+  return real().cuStreamDestroy_v2(hStream);
+}
+
 CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   interpose::ensure_driver();
   Engine* e = engine();
   if (e == nullptr || e->config().report_memory == ReportMemory::physical || !e->usable()) {
     return real().cuMemGetInfo_v2(free, total);
   }
-  // virtual: what the program may still allocate under the managed cap.
-  if (free == nullptr || total == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // virtual: what the program may still allocate under the managed cap. The driver still
+  // judges the arguments (drivers differ on NULL outputs: the real one fills the others and
+  // succeeds), so a NULL argument gets exactly the driver's own answer.
+  CUresult r = real().cuMemGetInfo_v2(free, total);
+  if (r != CUDA_SUCCESS) return r;
   std::uint64_t cap = e->max_managed_bytes();
   std::uint64_t used = e->managed_bytes();
-  *total = cap;
-  *free = used < cap ? cap - used : 0;
+  if (total != nullptr) *total = cap;
+  if (free != nullptr) *free = used < cap ? cap - used : 0;
   return CUDA_SUCCESS;
 }
 

@@ -37,21 +37,16 @@ namespace spillway::hook {
 #include "hooks.def"
 }  // namespace spillway::hook
 
+extern "C" __attribute__((visibility("hidden"))) void* spillway_real_dlsym_for_next();
+
 namespace spillway::interpose {
 namespace {
 
 using DlsymFn = void* (*)(void*, const char*);
 
-// dlsym itself: the versioned glibc symbol, found with dlvsym so that it is never our own.
-DlsymFn real_dlsym() {
-  static DlsymFn fn = [] {
-    for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5"}) {
-      if (void* p = dlvsym(RTLD_NEXT, "dlsym", version)) return reinterpret_cast<DlsymFn>(p);
-    }
-    return static_cast<DlsymFn>(nullptr);
-  }();
-  return fn;
-}
+// dlsym itself: the versioned glibc symbol, found with dlvsym so that it is never our own
+// (dlsym_entry.cpp, uninstrumented, caches it).
+DlsymFn real_dlsym() { return reinterpret_cast<DlsymFn>(spillway_real_dlsym_for_next()); }
 
 enum class Library { driver, runtime };
 
@@ -85,8 +80,10 @@ std::vector<Entry> make_entries() {
 }
 
 const std::vector<Entry>& entries() {
-  static const std::vector<Entry> table = make_entries();
-  return table;
+  // Never destroyed: dlsym and the hooks may run on other threads while exit() runs the
+  // static destructors (a destroyed table was read after free: tests/reliability).
+  static const std::vector<Entry>* table = new std::vector<Entry>(make_entries());
+  return *table;
 }
 
 const Entry* find_entry(const char* name) {
@@ -98,8 +95,9 @@ const Entry* find_entry(const char* name) {
 }
 
 // real function pointer -> hook, for every way a real pointer can reach the program.
-std::shared_mutex g_subst_mutex;
-std::vector<std::pair<void*, void*>> g_subst;  // sorted by first
+// Never destroyed, like the State below: lookups may run while exit() destroys statics.
+std::shared_mutex& g_subst_mutex = *new std::shared_mutex;
+std::vector<std::pair<void*, void*>>& g_subst = *new std::vector<std::pair<void*, void*>>;  // sorted by first
 
 void add_substitution(void* real_fn, void* hook) {
   if (real_fn == nullptr || hook == nullptr || real_fn == hook) return;
@@ -141,6 +139,7 @@ State& state() {
       std::unique_ptr<Policy> policy = make_policy(s->config.policy);
       if (policy) s->engine = new Engine(s->config, s->backend, std::move(policy));
       else s->active = false;
+      if (s->engine != nullptr && !s->config.trace_path.empty()) install_trace_recorder(*s->engine, s->config.trace_path);
     }
     g_state = s;
   });
@@ -238,8 +237,10 @@ Engine* engine() {
 Engine* engine_for_allocation() {
   Engine* e = engine();
   if (e == nullptr || !ensure_driver()) return nullptr;
-  State& s = state();
-  if (!s.backend.has_current_context()) return nullptr;
+  // Until the Engine has read the device's facts a context must be current (the driver
+  // answers a call without one itself); afterwards a thread without one gets the driver's
+  // own error from cuMemAllocManaged, as it would have from cuMemAlloc.
+  if (!e->started() && !state().backend.has_current_context()) return nullptr;
   return e->usable() ? e : nullptr;
 }
 
@@ -277,8 +278,15 @@ cudaError_t unavailable<cudaError_t>() { return cudaErrorInitializationError; }
 
 // Writes the exit report. Runs from a destructor of the library, after main returns or
 // exit() is called; it never calls the driver, which may already be unloading.
+// The process that loaded the shim. A child forked without exec inherits a copy of the
+// parent's Engine and statistics: it must not print or write them again (it would repeat
+// the parent's table and could overwrite the parent's report with stale figures).
+pid_t g_owner_pid = 0;
+
 __attribute__((destructor)) void write_exit_report() {
   if (g_state == nullptr || g_state->engine == nullptr) return;
+  if (getpid() != g_owner_pid) return;
+  close_trace_recorder();
   try {
     Stats s = g_state->engine->stats();
     bool used = s.allocations_redirected + s.allocations_passed_through + s.allocations_refused > 0;
@@ -294,6 +302,7 @@ __attribute__((destructor)) void write_exit_report() {
 
 // Reads the settings at load time, so a bad value is reported once, up front.
 __attribute__((constructor)) void load_settings() {
+  g_owner_pid = getpid();
   try {
     state();
   } catch (...) {
@@ -337,35 +346,16 @@ __attribute__((constructor)) void load_settings() {
 #define SPILLWAY_RUNTIME_HOOK(symbol, ret, params, args) SPILLWAY_EXPORT_HOOK(symbol, ensure_runtime, ret, params, args)
 #include "hooks.def"
 
-namespace {
-
-// RTLD_NEXT means "after the caller's object": glibc takes the caller from the return
-// address, which inside this hook would be the shim. Walk the link map from the real
-// caller's object instead.
-void* dlsym_next(void* caller, const char* name) {
-  Dl_info info;
-  struct link_map* map = nullptr;
-  if (dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 || map == nullptr) return nullptr;
-  auto real = spillway::interpose::real_dlsym();
-  for (struct link_map* l = map->l_next; l != nullptr; l = l->l_next) {
-    void* p = real(l, name);
-    if (p == nullptr) continue;
-    Dl_info pi;
-    struct link_map* owner = nullptr;
-    if (dladdr1(p, &pi, reinterpret_cast<void**>(&owner), RTLD_DL_LINKMAP) != 0 && owner == l) return p;
-  }
-  return nullptr;
-}
-
-}  // namespace
-
+// The exported `dlsym` entry is in dlsym_entry.cpp (compiled without sanitizer
+// instrumentation: sanitizer runtimes call it before their own start-up is done); it sends
+// RTLD_NEXT lookups straight to glibc and names that may be hooks ("cu...") here.
 // dlsym: programs that dlopen libcuda.so.1 themselves (the CUDA runtime, Triton, Numba,
 // XLA) get the hooks for the symbols Spillway hooks, and everything else untouched.
-extern "C" SPILLWAY_EXPORT void* dlsym(void* handle, const char* name) {
+extern "C" void* spillway_dlsym_impl(void* handle, const char* name) {
   using namespace spillway::interpose;
   DlsymFn real = real_dlsym();
   if (real == nullptr) return nullptr;
-  void* result = handle == RTLD_NEXT ? dlsym_next(__builtin_return_address(0), name) : real(handle, name);
+  void* result = real(handle, name);
   if (result == nullptr || name[0] != 'c' || name[1] != 'u' || t_dlsym_depth > 0) return result;
   ++t_dlsym_depth;
   void* out = result;

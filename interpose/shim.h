@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "spillway/engine.h"
 
@@ -68,6 +69,12 @@ struct RuntimeAllocScope {
 };
 std::optional<AllocKind> runtime_alloc_kind();
 void note_driver_alloc_hook_ran();
+
+// SPILLWAY_TRACE (trace_recorder.cpp): opens the trace and makes it the Engine's observer;
+// a path that cannot be written logs one error line and records nothing.
+void install_trace_recorder(Engine& engine, const std::string& path);
+// Flushes and closes the trace (at exit; calls no driver function).
+void close_trace_recorder() noexcept;
 
 // The CUresult for an Engine Result: the driver's own code when it gave one.
 CUresult to_cuda(const Result& r);

@@ -1,5 +1,7 @@
 #include "policies.h"
 
+#include "learned.h"
+
 #include <algorithm>
 
 namespace spillway {
@@ -188,7 +190,7 @@ bool OraclePolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) {
 // ---- registry ----
 
 const std::vector<std::string_view>& policy_names() {
-  static const std::vector<std::string_view> names{"demand", "advise", "sequential", "correlation"};
+  static const std::vector<std::string_view> names{"demand", "advise", "sequential", "correlation", "learned"};
   return names;
 }
 
@@ -197,11 +199,12 @@ std::unique_ptr<Policy> make_policy(std::string_view name) {
   if (name == "advise") return std::make_unique<AdvisePolicy>();
   if (name == "sequential") return std::make_unique<SequentialPolicy>();
   if (name == "correlation") return std::make_unique<CorrelationPolicy>();
+  if (name == "learned") return std::make_unique<LearnedPolicy>();
   return nullptr;  // includes "oracle": it needs the future, which only the simulator has
 }
 
 const std::vector<std::string_view>& sim_policy_names() {
-  static const std::vector<std::string_view> names{"demand", "advise", "sequential", "correlation", "oracle"};
+  static const std::vector<std::string_view> names{"demand", "advise", "sequential", "correlation", "learned", "oracle"};
   return names;
 }
 

@@ -29,6 +29,7 @@ const std::map<std::string, Sample>& samples() {
       {"SPILLWAY_REPORT_MEMORY", {"virtual", "both"}},
       {"SPILLWAY_LOG", {"debug", "loud"}},
       {"SPILLWAY_REPORT", {"/tmp/spillway-report.json", "   "}},
+      {"SPILLWAY_TRACE", {"/tmp/spillway-trace.jsonl.gz", "   "}},
       {"SPILLWAY_DISABLE", {"1", "maybe"}},
   };
   return s;
@@ -44,7 +45,7 @@ std::string describe(const Config& c) {
   for (const auto& e : c.exclude) out += e + ",";
   out += " report_memory=" + std::to_string(static_cast<int>(c.report_memory));
   out += " log=" + std::to_string(static_cast<int>(c.log_level));
-  out += " report=" + c.report_path + " disable=" + std::to_string(c.disable);
+  out += " report=" + c.report_path + " trace=" + c.trace_path + " disable=" + std::to_string(c.disable);
   return out;
 }
 

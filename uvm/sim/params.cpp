@@ -14,9 +14,12 @@ const std::vector<LinkProfile>& link_profiles() {
       {"pcie5", 50e9, 50e9, 45'000, "PCIe 5.0 x16 ~50 GB/s achievable (DESIGN §5); 45 us fault batch (G10)"},
       // Grace Hopper NVLink-C2C, measured ~375 GB/s H2D and ~297 GB/s D2H (DESIGN §5).
       {"c2c", 375e9, 297e9, 45'000, "NVLink-C2C measured 375/297 GB/s (DESIGN §5); 45 us fault batch (G10)"},
-      // h200: SLOT TO BE FILLED from a measurement on that machine (bench/workloads
-      // linkbench). Until then these are PLACEHOLDERS equal to pcie5.
-      {"h200", 50e9, 50e9, 45'000, "PLACEHOLDER (pcie5 figures) until measured on an H200"},
+      // h200: measured on an NVIDIA H200 (driver 580.159.04, Firecracker VM) with
+      // bench/workloads/linkbench.cu, 2026-11-29 (docs/gpu-results.md): cuMemPrefetchAsync
+      // in 2 MiB pieces moved 14.30 GB/s host->GPU and 7.67 GB/s GPU->host (pinned memcpy:
+      // 55 GB/s each way); one touch per 2 MiB of host-resident data cost 13.8 us. Not yet
+      // calibrated against end-to-end runs (issue 6).
+      {"h200", 14.30e9, 7.67e9, 13'800, "measured on an H200: managed prefetch 14.30/7.67 GB/s, 13.8 us per far fault (docs/gpu-results.md)"},
   };
   return profiles;
 }

@@ -114,6 +114,11 @@ bool parse_report_path(Config& c, std::string_view value, const Names&) {
   return !c.report_path.empty();
 }
 
+bool parse_trace_path(Config& c, std::string_view value, const Names&) {
+  c.trace_path = trimmed(value);
+  return !c.trace_path.empty();
+}
+
 bool parse_disable(Config& c, std::string_view value, const Names&) {
   std::string v = lower(trimmed(value));
   if (v == "1" || v == "true" || v == "yes") c.disable = true;

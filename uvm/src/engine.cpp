@@ -1,6 +1,7 @@
 #include "spillway/engine.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <unordered_map>
 
@@ -201,6 +202,10 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
     unreserve(bytes);
   }
   *addr = base;
+  for (std::uint64_t lo = lo_.load(std::memory_order_relaxed); base < lo && !lo_.compare_exchange_weak(lo, base);) {
+  }
+  for (std::uint64_t hi = hi_.load(std::memory_order_relaxed); block.end() > hi && !hi_.compare_exchange_weak(hi, block.end());) {
+  }
   run_policy_alloc(block);
   return Result{};
 }
@@ -213,6 +218,7 @@ void Engine::run_policy_alloc(const Block& block) {
     std::uint64_t managed = managed_bytes();
     std::uint64_t budget = budget_bytes();
     if (managed > budget) counters_.peak_over_budget_bytes = std::max(counters_.peak_over_budget_bytes, managed - budget);
+    if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_alloc(block);
     policy_->on_alloc(block, actions);
   }
   for (const Action& a : actions.list) {
@@ -236,6 +242,7 @@ void Engine::run_policy_alloc(const Block& block) {
 void Engine::run_policy_free(const Block& block) {
   EngineActions actions;  // a policy may not move a dying block; requests are dropped
   std::lock_guard lock(mutex_);
+  if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_free(block);
   policy_->on_free(block, actions);
   if (!policy_->manages_residency() || residency_->size() == 0) return;
   // The block's chunks leave the plan (at no cost: the data is dead). A chunk the block
@@ -302,7 +309,10 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
     ++counters_.prefetched_chunks;
     return true;
   };
-  for (const Access& a : launch.accesses) for_chunks(a.addr, a.bytes, fetch);
+  // A chunk the Policy leaves where it is (it advised remote access for it) is not fetched.
+  for (const Access& a : launch.accesses) {
+    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return r.touch_pin(c) || policy_->leave_remote(c) || fetch(c); });
+  }
   for (const Action& a : actions.list) {
     if (a.kind != Action::Kind::prefetch || a.where != Location::gpu) continue;
     std::optional<Block> b = table_.find(a.addr);
@@ -369,6 +379,7 @@ void Engine::launch(const Launch& launch) {
   {
     std::lock_guard lock(mutex_);
     ++counters_.launches;
+    if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_launch(launch);
     policy_->on_launch(launch, actions);
     planned = policy_->manages_residency();
     if (planned) plan_launch(launch, actions, moves);
@@ -390,13 +401,19 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   std::optional<Block> block = table_.erase(addr);
   *ours = block.has_value();
   if (!block) return Result{};
-  run_policy_free(*block);
   if (!stream) {
     Result r = backend_.free_managed(addr);
+    if (!r.ok()) {
+      // The driver still holds the block: keep it ours, so that the program can free it again.
+      table_.insert(*block);
+      return r;
+    }
+    run_policy_free(*block);
     finish_release(addr, block->bytes, false);
     if (has_pending_.load(std::memory_order_relaxed)) reclaim(false);
     return r;
   }
+  run_policy_free(*block);
   PendingFree pending{addr, block->bytes, *stream, 0};
   if (!backend_.is_capturing(*stream)) {
     Result r = backend_.record_event(*stream, &pending.event);
@@ -423,6 +440,47 @@ void Engine::finish_release(std::uint64_t, std::uint64_t bytes, bool deferred) {
   if (deferred) ++counters_.frees_deferred;
 }
 
+void Engine::stream_destroyed(StreamHandle stream) {
+  std::vector<PendingFree> orphans;
+  {
+    std::lock_guard lock(mutex_);
+    auto waiting = [stream](const PendingFree& p) { return p.stream == stream && p.event == 0; };
+    std::copy_if(pending_.begin(), pending_.end(), std::back_inserter(orphans), waiting);
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), waiting), pending_.end());
+  }
+  for (PendingFree& p : orphans) {
+    if (!backend_.is_capturing(stream) && backend_.record_event(stream, &p.event).ok()) {
+      std::lock_guard lock(mutex_);
+      pending_.push_back(p);
+      has_pending_.store(true, std::memory_order_relaxed);
+      continue;
+    }
+    release_deferred(p);
+  }
+}
+
+void Engine::release_deferred(PendingFree& p) {
+  // A release the driver refuses is tried once more at once, then again at later reclaims:
+  // the block must not be dropped while the driver still holds it.
+  for (int i = 0; i < 2; ++i) {
+    if (backend_.free_managed(p.addr).ok()) {
+      finish_release(p.addr, p.bytes, true);
+      return;
+    }
+  }
+  std::lock_guard lock(mutex_);
+  ++counters_.backend_errors;
+  if (++p.failed_attempts >= kMaxReleaseAttempts) {
+    log(LogLevel::warn, "the driver refused {} times to release managed block {:#x} ({}); it stays allocated",
+        2 * kMaxReleaseAttempts, p.addr, format_bytes(p.bytes));
+    return;
+  }
+  p.event = 0;
+  p.retry = true;
+  pending_.push_back(p);
+  has_pending_.store(true, std::memory_order_relaxed);
+}
+
 void Engine::reclaim(bool wait) {
   std::vector<PendingFree> work;
   {
@@ -433,6 +491,10 @@ void Engine::reclaim(bool wait) {
   if (work.empty()) return;
   std::vector<PendingFree> keep;
   for (PendingFree& p : work) {
+    if (p.retry) {
+      release_deferred(p);
+      continue;
+    }
     if (p.event == 0) {
       if (backend_.is_capturing(p.stream)) {
         keep.push_back(p);  // nothing may be issued on a capturing stream
@@ -452,8 +514,7 @@ void Engine::reclaim(bool wait) {
       keep.push_back(p);
       continue;
     }
-    backend_.free_managed(p.addr);
-    finish_release(p.addr, p.bytes, true);
+    release_deferred(p);
   }
   if (!keep.empty()) {
     std::lock_guard lock(mutex_);

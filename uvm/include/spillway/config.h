@@ -31,6 +31,7 @@ struct Config {
   ReportMemory report_memory = ReportMemory::physical;
   LogLevel log_level = LogLevel::warn;
   std::string report_path;
+  std::string trace_path;   // SPILLWAY_TRACE: empty = no trace
   bool disable = false;
 };
 

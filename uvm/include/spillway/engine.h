@@ -44,6 +44,17 @@ struct Stats {
   std::string policy;
 };
 
+// Sees what the Engine sees, in the order its Policy sees it (the trace recorder in the
+// shim, SPILLWAY_TRACE). Called with the Engine's lock held: keep it short and never call
+// back into the Engine except find().
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void on_alloc(const Block& block) = 0;
+  virtual void on_free(const Block& block) = 0;
+  virtual void on_launch(const Launch& launch) = 0;
+};
+
 class Engine {
  public:
   // `policy` must not be null. Nothing is asked of `backend` until the first allocation.
@@ -59,6 +70,8 @@ class Engine {
   // has logged one warning).
   bool start();
   bool usable();  // start() has succeeded (calls it if needed)
+  // start() has run (successfully or not). Lock-free.
+  bool started() const { return start_state_.load(std::memory_order_acquire) != 0; }
 
   // Allocates `bytes` of managed memory for a device allocation of `kind` and records it.
   // Status::out_of_memory when the host cap would be passed (after waiting for deferred
@@ -76,6 +89,15 @@ class Engine {
   // The live block containing `addr`. Thread-safe, allocation-free.
   std::optional<Block> find(std::uint64_t addr) const { return table_.find(addr); }
   bool owns_base(std::uint64_t addr) const { return table_.find_base(addr).has_value(); }
+  // False when `addr` lies outside [lowest base, highest end) of every block ever
+  // allocated: a lock-free first filter for the launch hook's argument scan.
+  bool maybe_managed(std::uint64_t addr) const {
+    return addr >= lo_.load(std::memory_order_relaxed) && addr < hi_.load(std::memory_order_relaxed);
+  }
+
+  // Installs the observer (nullptr: none). Set it before the first allocation; it must
+  // outlive the Engine's use.
+  void set_observer(EngineObserver* observer) { observer_.store(observer, std::memory_order_release); }
 
   // A kernel launch (issue 3, DESIGN §3-4): the Policy sees it first (on_launch). For a
   // policy that manages residency the Engine then keeps its per-2-MiB-chunk residency plan:
@@ -95,6 +117,11 @@ class Engine {
   // Records an allocation left to the driver (excluded library, non-default pool, ...).
   void note_passed_through(bool excluded);
 
+  // The program is about to destroy `stream`: frees deferred on it while it was capturing
+  // get their event now (work already issued to a destroyed stream still completes), or are
+  // released at once if none can be recorded; the handle is never used again. Thread-safe.
+  void stream_destroyed(StreamHandle stream);
+
   // Releases deferred frees whose events have completed; with `wait`, waits for all.
   void reclaim(bool wait);
 
@@ -112,7 +139,11 @@ class Engine {
     std::uint64_t bytes;
     StreamHandle stream;
     EventHandle event;  // 0 while the stream was capturing
+    bool retry = false;       // the driver refused the release: try it again
+    int failed_attempts = 0;  // reclaims at which the driver refused it
   };
+  static constexpr int kMaxReleaseAttempts = 3;
+  void release_deferred(PendingFree& p);
   class EngineActions;
   class Residency;
   struct Move {
@@ -145,6 +176,9 @@ class Engine {
   std::atomic<std::uint64_t> managed_bytes_{0};
   std::atomic<std::uint64_t> peak_managed_{0};
   std::atomic<bool> has_pending_{false};
+  std::atomic<std::uint64_t> lo_{~0ull};
+  std::atomic<std::uint64_t> hi_{0};
+  std::atomic<EngineObserver*> observer_{nullptr};
 
   mutable std::mutex mutex_;  // guards policy_, pending_ and the counters below
   std::vector<PendingFree> pending_;

@@ -91,6 +91,11 @@ class Policy {
   // The Engine's residency plan changed: `chunk` became resident (true) or left (false).
   // Only called for policies that manage residency.
   virtual void on_residency(ChunkIndex chunk, bool resident) { (void)chunk, (void)resident; }
+  // Asked by Engine::launch, right after on_launch(), for each chunk of the launch's
+  // footprint that is not planned resident: true leaves it where it is instead of fetching it
+  // (the Policy has advised remote access for it in on_launch: preferred location CPU,
+  // accessed by the GPU, so the kernel reads it over the link). Default: fetch everything.
+  virtual bool leave_remote(ChunkIndex chunk) { (void)chunk; return false; }
 };
 
 // The policies the shim accepts, by name (prefetch/policies.cpp). The simulator-only

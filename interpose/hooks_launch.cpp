@@ -1,0 +1,754 @@
+// Launch observation (issue 4, DESIGN §2): the launch hooks of hooks.def.
+//
+// Per launch, before the real launch:
+//  1. The kernel's parameter layout comes from cuFuncGetParamInfo (CUDA 12.4+), read once
+//     per CUfunction into a lock-free cache (open addressing over atomic pointers; entries
+//     are never freed, functions are few).
+//  2. Every 8-byte-aligned word of every parameter of 8 bytes or more (pointers passed
+//     directly and pointers inside by-value structs) is looked up in the allocation table:
+//     first the Engine's lock-free address bounds, then Engine::find.
+//  3. The footprint (DESIGN §4, "a block is not a tensor"): for each pointer p found in a
+//     block B, the range from p to the next pointer found in B by this launch, else to B's
+//     end; a pointer into the middle of B (p != B.base: a sub-allocation of a caching
+//     allocator's segment or arena) is further bounded to kInteriorExtent bytes, so an
+//     arena pointer never drags the whole arena in. The Engine turns ranges into chunks.
+//  4. On a capturing stream nothing is issued and the Engine is not called (the kernel does
+//     not run now). Whether the stream captures: a stream whose capture began through the
+//     hooked cuStreamBeginCapture_v2(_ptsz) is known without asking; while any such capture
+//     is in progress every other stream is asked (cuStreamIsCapturing: it may have joined the
+//     capture through an event); with none in progress nothing is asked, which saves a
+//     driver call per launch. (Left out: a capture begun with cuStreamBeginCaptureToGraph,
+//     CUDA 12.3+, which the shim does not hook, is not seen.) The launch's footprint is added to that stream's
+//     capture and becomes the graph's footprint (cuStreamEndCapture) and then the graph exec's
+//     (cuGraphInstantiateWithFlags): cuGraphLaunch is one launch with the union of the
+//     footprints of the kernels captured into it, restricted to blocks still live. A graph
+//     built without capture (explicit node APIs) is launched with an empty footprint.
+//  5. Engine::launch(Launch{...}) with a LaunchOrderScope (cuda_backend.h: the shim's own
+//     streams are ordered after the launching stream with events), then the real launch.
+//  6. Durations: 1 launch in kSampleEvery per execution id (direct-mapped table) is timed
+//     with two events on the launching stream; completed samples are collected without
+//     blocking on later launches (cuEventQuery) and feed Launch::dur_ns for that id.
+//
+// The runtime's cudaLaunchKernel/cudaLaunchKernelExC (shared libcudart only) map the host
+// stub to its CUfunction with cudaGetFuncBySymbol when the runtime has it; the driver launch
+// the runtime makes underneath is then not observed a second time. Without a CUfunction the
+// launch is observed with an empty footprint (the args array's length is unknown).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_backend.h"
+#include "shim.h"
+#include "spillway/log.h"
+
+namespace spillway::hook {
+
+using interpose::real;
+
+namespace {
+
+constexpr std::uint64_t kInteriorExtent = 64ull << 20;  // bound for pointers into a block's middle
+constexpr std::size_t kMaxHits = 64;                    // pointers per launch beyond this are ignored
+constexpr std::size_t kMaxParams = 1024;
+constexpr std::uint64_t kSampleEvery = 64;              // 1 launch in 64 per execution id is timed
+constexpr std::size_t kMaxPendingSamples = 32;
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+std::uint64_t now_ns() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
+
+// ---- per-function information -----------------------------------------------------------
+
+struct FuncInfo {
+  const void* key = nullptr;
+  CUfunction function = nullptr;
+  bool layout_known = false;
+  struct Param {
+    std::uint32_t index, offset, size;
+  };
+  std::vector<Param> params;  // parameters of 8 bytes or more (the only ones that can hold a pointer)
+  std::uint32_t buffer_bytes = 0;                                // end of the last parameter
+  std::string name;
+};
+
+// Lock-free read path: a fixed open-addressing table of atomic pointers; insertion by CAS.
+// Past kSlots entries (never in practice) a mutex-guarded map takes over.
+class FuncCache {
+ public:
+  template <typename Make>
+  const FuncInfo* get(const void* key, Make&& make) {
+    std::size_t h = slot_of(key);
+    for (std::size_t i = 0; i < kProbe; ++i) {
+      std::atomic<FuncInfo*>& slot = slots_[(h + i) & (kSlots - 1)];
+      FuncInfo* cur = slot.load(std::memory_order_acquire);
+      if (cur == nullptr) {
+        FuncInfo* fresh = make(key);
+        FuncInfo* expected = nullptr;
+        if (slot.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) return fresh;
+        if (expected->key == key) {
+          delete fresh;
+          return expected;
+        }
+        delete fresh;
+        continue;
+      }
+      if (cur->key == key) return cur;
+    }
+    std::lock_guard lock(overflow_mutex_);
+    auto it = overflow_.find(key);
+    if (it != overflow_.end()) return it->second;
+    FuncInfo* fresh = make(key);
+    overflow_.emplace(key, fresh);
+    return fresh;
+  }
+
+ private:
+  static constexpr std::size_t kSlots = 8192, kProbe = 32;
+  static std::size_t slot_of(const void* p) {
+    return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) >> 4) * 0x9e3779b97f4a7c15ull >> 51);
+  }
+  std::array<std::atomic<FuncInfo*>, kSlots> slots_{};
+  std::mutex overflow_mutex_;
+  std::unordered_map<const void*, FuncInfo*> overflow_;
+};
+
+FuncCache& functions() {
+  static auto* cache = new FuncCache();  // never destroyed: hooks may run during exit
+  return *cache;
+}
+
+std::atomic<std::uint64_t> g_unnamed{0};
+
+using FuncGetNameFn = CUresult (*)(const char**, CUfunction);
+FuncGetNameFn func_get_name() {
+  static FuncGetNameFn fn = [] {
+    void* p = nullptr;
+    CUdriverProcAddressQueryResult st{};
+    interpose::ShimCallScope scope;
+    if (real().cuGetProcAddress_v2 == nullptr ||
+        real().cuGetProcAddress_v2("cuFuncGetName", &p, 12030, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS) {
+      p = nullptr;
+    }
+    return reinterpret_cast<FuncGetNameFn>(p);
+  }();
+  return fn;
+}
+
+// A driver function the fake driver does not have, fetched through cuGetProcAddress at
+// `version`; nullptr where the driver lacks it.
+template <typename Fn>
+Fn optional_driver_fn(const char* name, int version) {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult st{};
+  interpose::ShimCallScope scope;
+  if (real().cuGetProcAddress_v2 == nullptr ||
+      real().cuGetProcAddress_v2(name, &p, version, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS) {
+    p = nullptr;
+  }
+  return reinterpret_cast<Fn>(p);
+}
+
+// The CUDA runtime (12+) loads kernels as context-independent CUkernel handles (cuLibrary*)
+// and passes them to cuLaunchKernel, which accepts both kinds ("CUDA Driver API: Library
+// Management"); cuFuncGetParamInfo/cuFuncGetName answer CUDA_ERROR_INVALID_HANDLE for a
+// CUkernel, cuKernelGetParamInfo (12.4) and cuKernelGetName (12.3) answer instead.
+using ParamInfoFn = CUresult (*)(CUfunction, size_t, size_t*, size_t*);
+ParamInfoFn kernel_get_param_info() {
+  static ParamInfoFn fn = optional_driver_fn<ParamInfoFn>("cuKernelGetParamInfo", 12040);
+  return fn;
+}
+FuncGetNameFn kernel_get_name() {
+  static FuncGetNameFn fn = optional_driver_fn<FuncGetNameFn>("cuKernelGetName", 12030);
+  return fn;
+}
+
+FuncInfo* make_info(const void* key, CUfunction f) {
+  auto* info = new FuncInfo();
+  info->key = key;
+  info->function = f;
+  interpose::ShimCallScope scope;
+  ParamInfoFn param_info = real().cuFuncGetParamInfo;
+  bool is_kernel = false;
+  if (f != nullptr && param_info != nullptr) {
+    size_t offset = 0, size = 0;
+    if (param_info(f, 0, &offset, &size) == CUDA_ERROR_INVALID_HANDLE && kernel_get_param_info() != nullptr) {
+      param_info = kernel_get_param_info();
+      is_kernel = true;
+    }
+  }
+  if (f != nullptr && param_info != nullptr) {
+    for (std::size_t i = 0; i < kMaxParams; ++i) {
+      size_t offset = 0, size = 0;
+      CUresult r = param_info(f, i, &offset, &size);
+      if (r != CUDA_SUCCESS && i == 0 && r != CUDA_ERROR_INVALID_VALUE) {
+        SPILLWAY_LOG_ONCE(LogLevel::debug, "launches: cuFuncGetParamInfo failed ({}); footprints unknown", static_cast<int>(r));
+      }
+      if (r != CUDA_SUCCESS) {
+        info->layout_known = i > 0 || r == CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      info->buffer_bytes = std::max<std::uint32_t>(info->buffer_bytes, static_cast<std::uint32_t>(offset + size));
+      if (size >= 8) {
+        info->params.push_back(FuncInfo::Param{static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(offset),
+                                               static_cast<std::uint32_t>(size)});
+      }
+    }
+  }
+  if (f != nullptr) {
+    if (FuncGetNameFn get = is_kernel ? kernel_get_name() : func_get_name()) {
+      const char* n = nullptr;
+      if (get(&n, f) == CUDA_SUCCESS && n != nullptr) info->name = n;
+    }
+  }
+  if (info->name.empty()) info->name = "kernel" + std::to_string(g_unnamed.fetch_add(1));
+  return info;
+}
+
+const FuncInfo* info_for(CUfunction f) {
+  return functions().get(f, [f](const void* key) { return make_info(key, f); });
+}
+
+// ---- footprint ---------------------------------------------------------------------------
+
+struct Hit {
+  std::uint64_t ptr;
+  std::uint64_t base;
+  std::uint64_t end;
+};
+
+struct Footprint {
+  std::array<Hit, kMaxHits> hits;
+  std::size_t count = 0;
+  std::uint64_t exec_id = 0;
+  std::array<Access, kMaxHits> accesses;
+  std::size_t naccesses = 0;
+
+  void look_up(Engine& e, std::uint64_t word) {
+    if (!e.maybe_managed(word) || count == kMaxHits) return;
+    for (std::size_t i = 0; i < count; ++i) {
+      if (hits[i].ptr == word) return;
+    }
+    std::optional<Block> b = e.find(word);
+    if (!b) return;
+    hits[count++] = Hit{word, b->base, b->end()};
+    exec_id = mix(exec_id, word);
+  }
+
+  void scan(Engine& e, const unsigned char* p, std::uint32_t offset, std::uint32_t size) {
+    for (std::uint32_t o = (8 - offset % 8) % 8; o + 8 <= size; o += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, p + o, 8);
+      look_up(e, w);
+    }
+  }
+
+  // The rule of the file comment, step 3.
+  void build() {
+    std::sort(hits.begin(), hits.begin() + count, [](const Hit& a, const Hit& b) { return a.ptr < b.ptr; });
+    naccesses = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const Hit& h = hits[i];
+      std::uint64_t end = h.end;
+      if (i + 1 < count && hits[i + 1].base == h.base) end = hits[i + 1].ptr;
+      if (h.ptr != h.base) end = std::min(end, h.ptr + std::min(kInteriorExtent, h.end - h.ptr));
+      accesses[naccesses++] = Access{h.ptr, end - h.ptr, false};
+    }
+  }
+};
+
+void collect(Engine& e, const FuncInfo& fn, void** params, void** extra, Footprint& fp) {
+  fp.exec_id = mix(0, reinterpret_cast<std::uintptr_t>(fn.function));
+  const unsigned char* buffer = nullptr;
+  std::size_t buffer_size = 0;
+  if (params == nullptr) {
+    for (void** x = extra; x != nullptr && x[0] != CU_LAUNCH_PARAM_END; x += 2) {
+      if (x[0] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = static_cast<const unsigned char*>(x[1]);
+      else if (x[0] == CU_LAUNCH_PARAM_BUFFER_SIZE && x[1] != nullptr) buffer_size = *static_cast<size_t*>(x[1]);
+      else break;
+    }
+  }
+  if (fn.layout_known) {
+    for (const FuncInfo::Param& prm : fn.params) {
+      const unsigned char* p = nullptr;
+      if (params != nullptr) p = static_cast<const unsigned char*>(params[prm.index]);
+      else if (buffer != nullptr && prm.offset + prm.size <= buffer_size) p = buffer + prm.offset;
+      if (p != nullptr) fp.scan(e, p, prm.offset, prm.size);
+    }
+  } else if (buffer != nullptr) {
+    fp.scan(e, buffer, 0, static_cast<std::uint32_t>(std::min<std::size_t>(buffer_size, 1u << 16)));
+  }
+  fp.build();
+}
+
+// ---- capture and graphs ------------------------------------------------------------------
+
+std::mutex g_graph_mutex;
+std::unordered_map<CUstream, std::vector<Access>>& captures() {
+  static auto* m = new std::unordered_map<CUstream, std::vector<Access>>();
+  return *m;
+}
+std::unordered_map<CUgraph, std::vector<Access>>& graphs() {
+  static auto* m = new std::unordered_map<CUgraph, std::vector<Access>>();
+  return *m;
+}
+std::unordered_map<CUgraphExec, std::vector<Access>>& execs() {
+  static auto* m = new std::unordered_map<CUgraphExec, std::vector<Access>>();
+  return *m;
+}
+
+// Streams whose capture began through the hooks (guarded by g_graph_mutex) and their count.
+std::vector<CUstream>& capturing_streams() {
+  static auto* v = new std::vector<CUstream>();
+  return *v;
+}
+std::atomic<int> g_captures{0};
+
+// Whether `stream` is capturing (file comment, step 4).
+bool stream_capturing(CUstream stream) {
+  if (g_captures.load(std::memory_order_acquire) == 0) return false;
+  {
+    std::lock_guard lock(g_graph_mutex);
+    const auto& v = capturing_streams();
+    if (std::find(v.begin(), v.end(), stream) != v.end()) return true;
+  }
+  interpose::ShimCallScope scope;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return real().cuStreamIsCapturing != nullptr &&
+         (real().cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
+void add_to_capture(CUstream stream, const Footprint& fp) {
+  std::lock_guard lock(g_graph_mutex);
+  std::vector<Access>& acc = captures()[stream];
+  for (std::size_t i = 0; i < fp.naccesses; ++i) {
+    const Access& a = fp.accesses[i];
+    bool dup = std::any_of(acc.begin(), acc.end(), [&](const Access& x) { return x.addr == a.addr && x.bytes == a.bytes; });
+    if (!dup) acc.push_back(a);
+  }
+}
+
+// ---- duration samples --------------------------------------------------------------------
+
+struct DurSlot {
+  std::atomic<std::uint64_t> key{0};
+  std::atomic<std::uint64_t> dur{0};
+  std::atomic<std::uint64_t> count{0};
+};
+constexpr std::size_t kDurSlots = 4096;
+std::array<DurSlot, kDurSlots>& dur_slots() {
+  static auto* t = new std::array<DurSlot, kDurSlots>();
+  return *t;
+}
+
+struct Sample {
+  std::uint64_t exec_id;
+  CUevent start, end;
+};
+std::mutex g_sample_mutex;
+std::deque<Sample>& pending_samples() {
+  static auto* q = new std::deque<Sample>();
+  return *q;
+}
+std::vector<CUevent>& free_events() {
+  static auto* v = new std::vector<CUevent>();
+  return *v;
+}
+std::atomic<std::size_t> g_pending{0};
+
+// The last measured duration of `exec_id` (0 unknown), and whether to time this launch.
+std::uint64_t duration_of(std::uint64_t exec_id, bool* sample) {
+  DurSlot& s = dur_slots()[exec_id % kDurSlots];
+  std::uint64_t key = exec_id | 1;  // 0 marks an empty slot
+  if (s.key.load(std::memory_order_relaxed) != key) {
+    s.key.store(key, std::memory_order_relaxed);
+    s.dur.store(0, std::memory_order_relaxed);
+    s.count.store(0, std::memory_order_relaxed);
+  }
+  *sample = s.count.fetch_add(1, std::memory_order_relaxed) % kSampleEvery == 0 &&
+            g_pending.load(std::memory_order_relaxed) < kMaxPendingSamples;
+  return s.dur.load(std::memory_order_relaxed);
+}
+
+CUevent take_event() {
+  {
+    std::lock_guard lock(g_sample_mutex);
+    if (!free_events().empty()) {
+      CUevent e = free_events().back();
+      free_events().pop_back();
+      return e;
+    }
+  }
+  CUevent e = nullptr;
+  if (real().cuEventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return nullptr;
+  return e;
+}
+
+void give_event(CUevent e) {
+  if (e == nullptr) return;
+  std::lock_guard lock(g_sample_mutex);
+  free_events().push_back(e);
+}
+
+// Collects completed samples, oldest first, without blocking.
+void poll_samples() {
+  if (g_pending.load(std::memory_order_relaxed) == 0) return;
+  std::unique_lock lock(g_sample_mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  interpose::ShimCallScope scope;
+  interpose::RelaxedCaptureMode relaxed;
+  auto& q = pending_samples();
+  while (!q.empty()) {
+    Sample s = q.front();
+    CUresult r = real().cuEventQuery(s.end);
+    if (r == CUDA_ERROR_NOT_READY) break;
+    q.pop_front();
+    g_pending.fetch_sub(1, std::memory_order_relaxed);
+    float ms = 0;
+    if (r == CUDA_SUCCESS && real().cuEventElapsedTime_v2 != nullptr &&
+        real().cuEventElapsedTime_v2(&ms, s.start, s.end) == CUDA_SUCCESS && ms >= 0) {
+      DurSlot& slot = dur_slots()[s.exec_id % kDurSlots];
+      if (slot.key.load(std::memory_order_relaxed) == (s.exec_id | 1)) {
+        slot.dur.store(std::max<std::uint64_t>(1, static_cast<std::uint64_t>(ms * 1e6)), std::memory_order_relaxed);
+      }
+    }
+    free_events().push_back(s.start);
+    free_events().push_back(s.end);
+  }
+}
+
+// ---- runtime host stubs ------------------------------------------------------------------
+
+using GetFuncBySymbolFn = cudaError_t (*)(cudaFunction_t*, const void*);
+
+FuncCache& stubs() {
+  static auto* cache = new FuncCache();
+  return *cache;
+}
+
+// cudaGetFuncBySymbol from the very libcudart whose cudaLaunchKernel the program calls.
+// Frameworks load that runtime into a local scope (Python extensions are dlopen'ed
+// RTLD_LOCAL), where RTLD_DEFAULT does not reach: open the object that holds the real
+// cudaLaunchKernel instead.
+GetFuncBySymbolFn runtime_get_func_by_symbol() {
+  void* anchor = reinterpret_cast<void*>(real().cudaLaunchKernel);
+  Dl_info info{};
+  if (anchor == nullptr || dladdr(anchor, &info) == 0 || info.dli_fname == nullptr) return nullptr;
+  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  auto fn = reinterpret_cast<GetFuncBySymbolFn>(dlsym(handle, "cudaGetFuncBySymbol"));
+  dlclose(handle);  // NOLOAD took a reference to an object that stays loaded
+  log(LogLevel::debug, "runtime launches: cudaGetFuncBySymbol {} in {}", fn != nullptr ? "found" : "missing",
+      info.dli_fname);
+  return fn;
+}
+
+// The FuncInfo of a runtime host stub: that of its CUfunction (cudaGetFuncBySymbol), or one
+// without a layout when the runtime cannot say.
+const FuncInfo* stub_info(const void* stub) {
+  const FuncInfo* s = stubs().get(stub, [](const void* key) {
+    static GetFuncBySymbolFn get = runtime_get_func_by_symbol();
+    cudaFunction_t f = nullptr;
+    if (get != nullptr) {
+      interpose::ShimCallScope scope;
+      if (cudaError_t r = get(&f, key); r != cudaSuccess) {
+        SPILLWAY_LOG_ONCE(LogLevel::debug, "runtime launches: cudaGetFuncBySymbol failed ({}) for a host stub", static_cast<int>(r));
+        f = nullptr;
+      }
+    }
+    if (f == nullptr) return make_info(key, nullptr);
+    auto* link = new FuncInfo();
+    link->key = key;
+    link->function = reinterpret_cast<CUfunction>(f);
+    return link;
+  });
+  return s->function != nullptr ? info_for(s->function) : s;
+}
+
+// ---- the common path ---------------------------------------------------------------------
+
+thread_local bool t_in_runtime_launch = false;
+std::atomic<std::uint64_t> g_seq{0};
+
+// What a launch hook does before the real launch; its destructor (after the real launch)
+// finishes a duration sample.
+class Observation {
+ public:
+  // `stream`: the program's stream, already mapped (per-thread default stream for _ptsz).
+  Observation(CUfunction function, const void* stub, CUgraphExec exec, CUstream stream, void** params, void** extra) {
+    Engine* e = interpose::engine();
+    if (e == nullptr || e->managed_bytes() == 0 || t_in_runtime_launch) return;
+    const FuncInfo* fn = function != nullptr ? info_for(function) : stub != nullptr ? stub_info(stub) : nullptr;
+    const std::uint64_t graph_key = reinterpret_cast<std::uintptr_t>(exec);
+    poll_samples();
+    Footprint& fp = footprint();
+    fp.count = 0;
+    fp.naccesses = 0;
+    const std::vector<Access>* graph = nullptr;
+    std::vector<Access>& graph_acc = graph_accesses();
+    if (fn != nullptr) {
+      collect(*e, *fn, params, extra, fp);
+    } else {
+      fp.exec_id = mix(0x6772617068ull, graph_key);
+      graph_acc.clear();
+      {
+        std::lock_guard lock(g_graph_mutex);
+        auto it = execs().find(reinterpret_cast<CUgraphExec>(graph_key));
+        if (it != execs().end()) graph_acc = it->second;
+      }
+      // Only blocks still live, clipped to them.
+      std::size_t k = 0;
+      for (const Access& a : graph_acc) {
+        std::optional<Block> b = e->find(a.addr);
+        if (!b) continue;
+        graph_acc[k++] = Access{a.addr, std::min(a.bytes, b->end() - a.addr), false};
+      }
+      graph_acc.resize(k);
+      graph = &graph_acc;
+    }
+    SPILLWAY_LOG_ONCE(LogLevel::debug, "first observed launch: {} via the {} API, {} pointer-sized parameters, {} accesses",
+                      fn != nullptr ? fn->name : std::string("a graph"), function != nullptr ? "driver" : "runtime",
+                      fn != nullptr ? fn->params.size() : 0, fp.naccesses);
+    if (stream_capturing(stream)) {
+      if (fn != nullptr) add_to_capture(stream, fp);
+      return;  // nothing issued, the Engine not asked: the kernel does not run now
+    }
+    bool sample = false;
+    Launch l;
+    l.seq = g_seq.fetch_add(1, std::memory_order_relaxed);
+    l.name = fn != nullptr ? std::string_view(fn->name) : std::string_view("graph");
+    l.exec_id = fp.exec_id;
+    l.accesses = graph != nullptr ? std::span<const Access>(*graph) : std::span<const Access>(fp.accesses.data(), fp.naccesses);
+    l.dur_ns = duration_of(fp.exec_id, &sample);
+    l.now_ns = now_ns();
+    {
+      interpose::LaunchOrderScope order(stream);
+      e->launch(l);
+    }
+    if (sample) start_sample(fp.exec_id, stream);
+  }
+
+  ~Observation() {
+    if (start_ == nullptr) return;
+    interpose::ShimCallScope scope;
+    if (!launched_ok_ || real().cuEventRecord(end_, stream_) != CUDA_SUCCESS) {
+      give_event(start_);
+      give_event(end_);
+      return;
+    }
+    std::lock_guard lock(g_sample_mutex);
+    pending_samples().push_back(Sample{exec_id_, start_, end_});
+    g_pending.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  template <typename R>
+  R done(R r, R ok) {
+    launched_ok_ = r == ok;
+    return r;
+  }
+
+ private:
+  static Footprint& footprint() {
+    thread_local Footprint fp;
+    return fp;
+  }
+  static std::vector<Access>& graph_accesses() {
+    thread_local std::vector<Access> v;
+    return v;
+  }
+
+  void start_sample(std::uint64_t exec_id, CUstream stream) {
+    interpose::ShimCallScope scope;
+    CUevent a = take_event(), b = take_event();
+    if (a == nullptr || b == nullptr || real().cuEventRecord(a, stream) != CUDA_SUCCESS) {
+      give_event(a);
+      give_event(b);
+      return;
+    }
+    start_ = a;
+    end_ = b;
+    stream_ = stream;
+    exec_id_ = exec_id;
+  }
+
+  CUevent start_ = nullptr, end_ = nullptr;
+  CUstream stream_ = nullptr;
+  std::uint64_t exec_id_ = 0;
+  bool launched_ok_ = false;
+};
+
+
+CUstream per_thread(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
+
+template <typename Fn>
+CUresult observed_launch(CUfunction f, CUstream stream, void** params, void** extra, Fn&& call) {
+  if (f == nullptr) return call();
+  Observation obs(f, nullptr, nullptr, stream, params, extra);
+  return obs.done(call(), CUDA_SUCCESS);
+}
+
+template <typename Fn>
+cudaError_t observed_runtime_launch(const void* stub, CUstream stream, void** args, Fn&& call) {
+  if (stub == nullptr || t_in_runtime_launch) return call();
+  Observation obs(nullptr, stub, nullptr, stream, args, nullptr);
+  t_in_runtime_launch = true;
+  cudaError_t r = call();
+  t_in_runtime_launch = false;
+  return obs.done(r, cudaSuccess);
+}
+
+CUresult begin_capture(CUstream stream, CUresult r) {
+  if (r != CUDA_SUCCESS) return r;
+  std::lock_guard lock(g_graph_mutex);
+  capturing_streams().push_back(stream);
+  g_captures.fetch_add(1, std::memory_order_acq_rel);
+  captures().erase(stream);
+  return r;
+}
+
+CUresult end_capture(CUstream stream, CUgraph* graph, CUresult r) {
+  std::lock_guard lock(g_graph_mutex);
+  // The capture is over unless the driver refused the call for a stream that was not
+  // capturing (then it was not in the list either).
+  auto& v = capturing_streams();
+  if (auto it = std::find(v.begin(), v.end(), stream); it != v.end()) {
+    v.erase(it);
+    g_captures.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  auto it = captures().find(stream);
+  if (it == captures().end()) return r;
+  if (r == CUDA_SUCCESS && graph != nullptr && *graph != nullptr) graphs()[*graph] = std::move(it->second);
+  captures().erase(it);
+  return r;
+}
+
+}  // namespace
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                        unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void** params, void** extra) {
+  return observed_launch(f, s, params, extra,
+                         [&] { return real().cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
+}
+
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                             unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void** params,
+                             void** extra) {
+  return observed_launch(f, per_thread(s), params, extra,
+                         [&] { return real().cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra); });
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  if (config == nullptr) return real().cuLaunchKernelEx(config, f, params, extra);
+  return observed_launch(f, config->hStream, params, extra, [&] { return real().cuLaunchKernelEx(config, f, params, extra); });
+}
+
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  if (config == nullptr) return real().cuLaunchKernelEx_ptsz(config, f, params, extra);
+  return observed_launch(f, per_thread(config->hStream), params, extra,
+                         [&] { return real().cuLaunchKernelEx_ptsz(config, f, params, extra); });
+}
+
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                   unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void** params) {
+  return observed_launch(f, s, params, nullptr,
+                         [&] { return real().cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, s, params); });
+}
+
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                        CUstream s, void** params) {
+  return observed_launch(f, per_thread(s), params, nullptr, [&] {
+    return real().cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+  });
+}
+
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
+  if (exec == nullptr) return real().cuGraphLaunch(exec, s);
+  Observation obs(nullptr, nullptr, exec, s, nullptr, nullptr);
+  return obs.done(real().cuGraphLaunch(exec, s), CUDA_SUCCESS);
+}
+
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
+  if (exec == nullptr) return real().cuGraphLaunch_ptsz(exec, s);
+  Observation obs(nullptr, nullptr, exec, per_thread(s), nullptr, nullptr);
+  return obs.done(real().cuGraphLaunch_ptsz(exec, s), CUDA_SUCCESS);
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+  return begin_capture(s, real().cuStreamBeginCapture_v2(s, mode));
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
+  return begin_capture(per_thread(s), real().cuStreamBeginCapture_v2_ptsz(s, mode));
+}
+
+CUresult cuStreamEndCapture(CUstream s, CUgraph* graph) { return end_capture(s, graph, real().cuStreamEndCapture(s, graph)); }
+
+CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* graph) {
+  return end_capture(per_thread(s), graph, real().cuStreamEndCapture_ptsz(s, graph));
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+  CUresult r = real().cuGraphInstantiateWithFlags(exec, graph, flags);
+  if (r == CUDA_SUCCESS && exec != nullptr && *exec != nullptr) {
+    std::lock_guard lock(g_graph_mutex);
+    auto it = graphs().find(graph);
+    if (it != graphs().end()) execs()[*exec] = it->second;
+    else execs().erase(*exec);
+  }
+  return r;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  {
+    std::lock_guard lock(g_graph_mutex);
+    execs().erase(exec);
+  }
+  return real().cuGraphExecDestroy(exec);
+}
+
+CUresult cuGraphDestroy(CUgraph graph) {
+  {
+    std::lock_guard lock(g_graph_mutex);
+    graphs().erase(graph);
+  }
+  return real().cuGraphDestroy(graph);
+}
+
+cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args, size_t shmem, cudaStream_t stream) {
+  return observed_runtime_launch(func, stream, args,
+                                 [&] { return real().cudaLaunchKernel(func, grid, block, args, shmem, stream); });
+}
+
+cudaError_t cudaLaunchKernel_ptsz(const void* func, dim3 grid, dim3 block, void** args, size_t shmem,
+                                  cudaStream_t stream) {
+  return observed_runtime_launch(func, per_thread(stream), args,
+                                 [&] { return real().cudaLaunchKernel_ptsz(func, grid, block, args, shmem, stream); });
+}
+
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
+  if (config == nullptr) return real().cudaLaunchKernelExC(config, func, args);
+  return observed_runtime_launch(func, config->stream, args, [&] { return real().cudaLaunchKernelExC(config, func, args); });
+}
+
+cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const void* func, void** args) {
+  if (config == nullptr) return real().cudaLaunchKernelExC_ptsz(config, func, args);
+  return observed_runtime_launch(func, per_thread(config->stream), args,
+                                 [&] { return real().cudaLaunchKernelExC_ptsz(config, func, args); });
+}
+
+}  // namespace spillway::hook

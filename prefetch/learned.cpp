@@ -1,0 +1,367 @@
+#include "learned.h"
+
+#include <algorithm>
+
+namespace spillway {
+
+namespace {
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
+}  // namespace
+
+LearnedPolicy::LearnedPolicy(LearnedParams params) : p_(params) {
+  p_.context = std::max<std::uint32_t>(1, p_.context);
+  p_.max_log = std::max<std::uint32_t>(16, p_.max_log);
+  recent_.assign(p_.context, 0);
+  prefix_.push_back(0);
+}
+
+// ---- live chunks (prefetching a chunk of no live block is refused by the Engine) ----
+
+void LearnedPolicy::on_alloc(const Block& block, Actions&) {
+  if (block.bytes == 0) return;
+  for (ChunkIndex c = chunk_of(block.base), last = chunk_of(block.end() - 1); c <= last; ++c) {
+    ChunkInfo& i = chunks_[c];
+    ++i.gen;
+    i.advised = false;  // a new block: no advice on it
+    if (i.blocks++ == 0) {
+      i.addr = std::max<std::uint64_t>(block.base, c * kChunkBytes);
+      i.end = std::min<std::uint64_t>(block.end(), (c + 1) * kChunkBytes);
+    }
+  }
+}
+
+void LearnedPolicy::on_free(const Block& block, Actions&) {
+  if (block.bytes == 0) return;
+  for (ChunkIndex c = chunk_of(block.base), last = chunk_of(block.end() - 1); c <= last; ++c) {
+    auto it = chunks_.find(c);
+    if (it != chunks_.end() && it->second.blocks > 0) --it->second.blocks;
+  }
+}
+
+// ---- ranking by predicted next use ----
+
+void LearnedPolicy::set_next_use(ChunkIndex c, ChunkInfo& info, std::uint64_t nu) {
+  if (info.nu == nu) return;
+  if (info.resident) {
+    resident_.erase({info.nu, c});
+    resident_.insert({nu, c});
+  }
+  info.nu = nu;
+}
+
+void LearnedPolicy::on_residency(ChunkIndex chunk, bool resident) {
+  ChunkInfo& info = chunks_[chunk];
+  if (info.resident == resident) return;
+  info.resident = resident;
+  if (resident) {
+    resident_.insert({info.nu, chunk});
+    return;
+  }
+  resident_.erase({info.nu, chunk});
+  // A chunk fetched for a launch the lookahead has passed left before its use: let the
+  // lookahead reach it again.
+  if (info.nu > seq_ && info.nu <= ahead_) ahead_ = info.nu - 1;
+}
+
+bool LearnedPolicy::leave_remote(ChunkIndex chunk) {
+  auto it = chunks_.find(chunk);
+  return it != chunks_.end() && it->second.remote == stamp_ && stamp_ != 0;
+}
+
+bool LearnedPolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) {
+  if (budget_chunks_ == 0) budget_chunks_ = resident_.size();  // the Engine asks only when full
+  // 1. A chunk whose predicted use has passed without a touch: the prediction was wrong.
+  for (auto it = resident_.begin(); it != resident_.end() && it->first < seq_; ++it) {
+    if (!query.pinned(it->second)) {
+      *victim = it->second;
+      return true;
+    }
+  }
+  // 2. The furthest predicted next use (Belady's MIN on the learned future).
+  auto it = hint_valid_ ? std::make_reverse_iterator(resident_.upper_bound(hint_)) : resident_.rbegin();
+  for (; it != resident_.rend(); ++it) {
+    if (!query.pinned(it->second)) {
+      *victim = it->second;
+      hint_ = *it;
+      hint_valid_ = true;
+      return true;
+    }
+  }
+  return false;
+}
+
+// ---- the history ----
+
+std::uint64_t LearnedPolicy::dur_of(std::uint64_t exec_id) const {
+  auto it = dur_.find(exec_id);
+  return it == dur_.end() ? p_.default_dur_ns : it->second;
+}
+
+std::uint32_t LearnedPolicy::append(const Launch& launch) {
+  if (launch.dur_ns > 0) {
+    auto [it, added] = dur_.try_emplace(launch.exec_id, launch.dur_ns);
+    if (!added) it->second = (3 * it->second + launch.dur_ns) / 4;  // EWMA, weight 1/4 to the newest sample
+  }
+  const std::uint32_t n = static_cast<std::uint32_t>(log_.size());
+  Entry e{launch.exec_id, static_cast<std::uint32_t>(touches_.size()), 0};
+  for (const Access& a : launch.accesses) {
+    if (a.bytes == 0) continue;
+    for (ChunkIndex c = chunk_of(a.addr), last = chunk_of(a.addr + a.bytes - 1); c <= last; ++c) {
+      ChunkInfo& info = chunks_[c];
+      const std::uint32_t t = static_cast<std::uint32_t>(touches_.size());
+      const bool first = info.last_touch == kNone;
+      if (!first) {
+        if (touches_[info.last_touch].entry == n) continue;  // already in this launch's footprint
+        touches_[info.last_touch].next = t;
+      }
+      info.last_touch = t;
+      const bool fresh = first || info.touch_gen != info.gen;
+      info.touch_gen = info.gen;
+      touches_.push_back(Touch{c, kNone, n, fresh});
+    }
+  }
+  e.touch_end = static_cast<std::uint32_t>(touches_.size());
+  log_.push_back(e);
+  prefix_.push_back(prefix_.back() + (launch.dur_ns > 0 ? launch.dur_ns : dur_of(launch.exec_id)));
+  recent_[recent_count_++ % p_.context] = launch.exec_id;
+  return n;
+}
+
+// Finds the log entry that the launch just appended as entry `n` repeats: the successor of
+// the last match when it has the same id, else the entry after the same `context` ids,
+// else the last entry with the same id. kNone when the id was never seen.
+std::uint32_t LearnedPolicy::locate(std::uint32_t n, std::uint64_t exec_id) {
+  std::uint32_t found = kNone;
+  if (match_ != kNone && match_ < n && log_[match_].exec_id == exec_id) {
+    found = match_;
+    ++hits_;
+  }
+  std::uint64_t h = 0;
+  const bool full = recent_count_ >= p_.context;
+  if (full) {
+    for (std::uint64_t i = recent_count_ - p_.context; i < recent_count_; ++i) h = mix(h, recent_[i % p_.context]);
+  }
+  if (found == kNone) {
+    if (full) {
+      auto it = ctx_pos_.find(h);
+      if (it != ctx_pos_.end() && log_[it->second].exec_id == exec_id) found = it->second;
+    }
+    if (found == kNone) {
+      auto it = id_pos_.find(exec_id);
+      if (it != id_pos_.end()) found = it->second;
+    }
+    if (found != kNone) ++resyncs_;
+  }
+  if (full) ctx_pos_[h] = n;
+  id_pos_[exec_id] = n;
+  return found;
+}
+
+void LearnedPolicy::compact() {
+  // Keep the newer half of the log; rebuild the links and the maps over it.
+  const std::uint32_t keep_from = static_cast<std::uint32_t>(log_.size() / 2);
+  std::vector<Entry> old_log;
+  std::vector<Touch> old_touches;
+  old_log.swap(log_);
+  old_touches.swap(touches_);
+  for (auto& [c, info] : chunks_) info.last_touch = kNone;
+  ctx_pos_.clear();
+  id_pos_.clear();
+  prefix_.assign(1, 0);
+  const std::uint64_t recent_saved = recent_count_, hits_saved = hits_, resyncs_saved = resyncs_;
+  const std::uint32_t match_saved = match_;
+  match_ = kNone;  // old indices: the rebuild only refills the maps
+  std::vector<std::uint64_t> recent_saved_ids = recent_;
+  recent_count_ = 0;
+  std::vector<Access> acc;
+  for (std::uint32_t i = keep_from; i < old_log.size(); ++i) {
+    const Entry& e = old_log[i];
+    acc.clear();
+    for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) acc.push_back(Access{old_touches[t].chunk * kChunkBytes, kChunkBytes, false});
+    Launch l;
+    l.exec_id = e.exec_id;
+    l.accesses = acc;
+    const std::uint32_t n = append(l);
+    locate(n, e.exec_id);
+    for (std::uint32_t t = log_[n].touch_begin, o = e.touch_begin; t < log_[n].touch_end && o < e.touch_end; ++t, ++o) {
+      touches_[t].fresh = old_touches[o].fresh;
+    }
+  }
+  recent_count_ = recent_saved;
+  recent_ = recent_saved_ids;
+  hits_ = hits_saved;
+  resyncs_ = resyncs_saved;
+  auto shift = [&](std::uint32_t x) { return x == kNone || x < keep_from ? kNone : x - keep_from; };
+  match_ = shift(match_saved);
+  anchor_ = shift(anchor_);
+}
+
+// ---- the launch ----
+
+void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
+  seq_ = launch.seq;
+  hint_valid_ = false;
+  // Only launches the policy predicted tell whether prefetching keeps up with the link (an
+  // unpredicted launch waits for its data whatever the link).
+  if (prev_predicted_) {
+    // A launch that read data remotely runs longer by design: not a stall (and the decay
+    // lets the policy find out whether the link is still the bottleneck).
+    const bool stall = !prev_remote_ && launch.now_ns > prev_now_ + prev_dur_ + p_.slack_ns;
+    stalled_ = 0.875 * stalled_ + (stall ? 0.125 : 0.0);  // EWMA over ~8 launches
+  }
+  prev_now_ = launch.now_ns;
+  prev_remote_ = false;
+  prev_dur_ = launch.dur_ns > 0 ? launch.dur_ns : dur_of(launch.exec_id);
+  stamp_ += 4;
+  if (log_.size() >= p_.max_log) compact();
+  const std::uint32_t n = append(launch);
+  const std::uint32_t found = locate(n, launch.exec_id);
+  const bool in_step = found != kNone && found == match_ && anchor_ != kNone;
+  anchor_ = found;
+  match_ = found == kNone ? kNone : found + 1;
+  if (found != kNone) period_ = n - found;
+  if (!in_step) ahead_ = seq_;  // a new position: the lookahead starts over
+  prev_predicted_ = in_step;
+
+  // 1. The chunks this launch touches: used now; their next use is what followed the
+  // matching entry in the history (the same chunks in the same order, as the execution id
+  // covers the addresses), else unknown (ranked as if reused one period later, i.e. LRU).
+  const Entry& cur = log_[n];
+  const bool zip = found != kNone && log_[found].touch_end - log_[found].touch_begin == cur.touch_end - cur.touch_begin;
+  missing_.clear();
+  for (std::uint32_t i = 0; i < cur.touch_end - cur.touch_begin; ++i) {
+    const ChunkIndex c = touches_[cur.touch_begin + i].chunk;
+    std::uint64_t nu = seq_ + std::max<std::uint64_t>(period_, 1);
+    if (zip && touches_[log_[found].touch_begin + i].chunk == c) {
+      const std::uint32_t nt = touches_[log_[found].touch_begin + i].next;
+      // No later touch, or the next one is on a new block (this one is freed first): dead.
+      nu = nt == kNone || touches_[nt].fresh ? kFar : seq_ + (touches_[nt].entry - found);
+    }
+    ChunkInfo& info = chunks_[c];
+    info.mark = stamp_ + kCurrent;
+    set_next_use(c, info, nu);
+    if (!info.resident) missing_.emplace_back(c, zip);
+  }
+
+  // 2. Prefetch the predicted launches' chunks in order of need.
+  std::int64_t free = budget_chunks_ == 0 ? INT64_MAX / 2
+                                          : static_cast<std::int64_t>(budget_chunks_) - static_cast<std::int64_t>(resident_.size());
+  // Victims in the order choose_victim() will give them (stale first, then furthest).
+  deferred_.clear();
+  auto unavailable = [&](ChunkIndex c) {
+    auto it = chunks_.find(c);
+    return it != chunks_.end() && it->second.mark > stamp_;
+  };
+  auto lo = resident_.begin();
+  auto hi = resident_.rbegin();
+  auto take_victim = [&](std::uint64_t need) {
+    while (lo != resident_.end() && lo->first < seq_ && unavailable(lo->second)) ++lo;
+    if (lo != resident_.end() && lo->first < seq_) {
+      ++lo;
+      return true;
+    }
+    while (hi != resident_.rend() && unavailable(hi->second)) ++hi;
+    if (hi == resident_.rend() || hi->first <= need || hi->first < seq_) return false;
+    ++hi;
+    return true;
+  };
+  const double now = static_cast<double>(launch.now_ns);
+  const double chunk_ns = static_cast<double>(kChunkBytes) * 1e9 / p_.link_bytes_per_s;
+  link_free_ns_ = std::max(link_free_ns_, now);
+  // The link is the bottleneck when what was issued before cannot arrive while this launch
+  // runs: then a chunk that displaces nothing needed later is better read remotely.
+  // Measured, not assumed: the launches have recently been waiting for data (the gap since
+  // the previous launch exceeds its duration by more than the slack, in most recent launches).
+  const bool link_bound = stalled_ > 0.5;
+  // The launch's own missing footprint comes first (the Engine fetches it before the
+  // launch), in footprint order. A chunk whose predicted next use is no sooner than that of
+  // every chunk it could displace is, on a busy link, left on the CPU and read remotely
+  // (MIN with bypass: preferred location CPU + accessed by the GPU).
+  for (const auto& [c, predicted] : missing_) {
+    ChunkInfo& info = chunks_[c];
+    if (free > 0) {
+      --free;
+    } else if (!take_victim(info.nu)) {
+      if (predicted && link_bound && info.blocks > 0) {
+        info.remote = stamp_;
+        prev_remote_ = true;
+        ++remote_;
+        if (!info.advised) {
+          actions.advise(info.addr, info.end - info.addr, Advice::preferred_location, Location::cpu);
+          actions.advise(info.addr, info.end - info.addr, Advice::accessed_by, Location::gpu);
+          info.advised = true;
+        }
+        continue;
+      }
+      if (!take_victim(0)) return;  // the Engine evicts whatever it can; no room to plan with
+    }
+  }
+  if (found == kNone) return;
+  const std::uint64_t base = prefix_[found + 1];  // predicted time from now = prefix_[q] - base
+  std::uint64_t s = std::max(ahead_, seq_) + 1;
+  const std::uint64_t last = std::min<std::uint64_t>(seq_ + p_.max_ahead, s + p_.max_scan - 1);
+  for (; s <= last; ++s) {
+    const std::uint64_t q = found + (s - seq_);
+    if (q >= log_.size()) break;
+    // Launch s starts about prefix_[q] - base from now: far enough when the link would be
+    // idle by then (what is needed sooner has been issued already).
+    if (s > seq_ + p_.min_ahead &&
+        now + static_cast<double>(prefix_[q] - base) > link_free_ns_ + static_cast<double>(p_.slack_ns)) {
+      break;
+    }
+    const Entry& e = log_[q];
+    ++scanned_;
+    bool stop = false;
+    for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
+      const ChunkIndex c = touches_[t].chunk;
+      ChunkInfo& info = chunks_[c];
+      if (info.mark > stamp_) continue;  // already in this plan
+      if (touches_[t].fresh) {
+        // Its block will be new then: nothing to bring, but the new block will need room
+        // (the Engine makes it when it comes), so count it against the lookahead's room.
+        if (free > 0) {
+          --free;
+        } else if (!take_victim(s)) {
+          stop = true;
+          break;
+        }
+        info.mark = stamp_ + kKept;
+        continue;
+      }
+      if (info.blocks == 0) continue;  // no live block there now
+      if (info.resident) {
+        // Needed at s: not a victim for anything later; its rank is updated after the scan
+        // (the victim iterators walk resident_).
+        info.mark = stamp_ + kKept;
+        if (info.nu > s || info.nu < seq_) deferred_.emplace_back(c, s);
+        continue;
+      }
+      if (free <= 0 && link_bound) {
+        // Bypass: if after its use at s the chunk would be the furthest-needed one, moving
+        // it in (and out again) costs the busy link more than reading it remotely at s.
+        const std::uint32_t nt = touches_[t].next;
+        const std::uint64_t post = nt == kNone || touches_[nt].fresh ? kFar : s + (touches_[nt].entry - q);
+        while (hi != resident_.rend() && unavailable(hi->second)) ++hi;
+        if (hi != resident_.rend() && post >= hi->first) continue;
+      }
+      if (free > 0) {
+        --free;
+      } else if (!take_victim(s)) {
+        stop = true;
+        break;
+      }
+      set_next_use(c, info, s);
+      info.mark = stamp_ + kPlanned;
+      actions.prefetch(info.addr, 1, Location::gpu);
+      link_free_ns_ += chunk_ns;
+    }
+    if (stop) break;
+  }
+  ahead_ = s - 1;
+  for (const auto& [c, nu] : deferred_) set_next_use(c, chunks_[c], nu);
+}
+
+}  // namespace spillway

@@ -1,0 +1,151 @@
+// `learned`: Spillway's own policy (DESIGN §4, issue 4; docs/learned-policy.md).
+//
+// It keeps a log of the launches it has seen (execution id, predicted duration, the chunks
+// touched, and for every touched chunk a link to the next log entry that touched the same
+// chunk). At each launch it finds where in that log the program is now — by following its
+// last match, or, after a divergence, by looking up the hash of the last `context` execution
+// ids (then of the last id alone) — and reads the future off the history that followed:
+//   * prefetch: the chunks of the launches predicted next, in order of need, up to a
+//     lookahead horizon sized from the link bandwidth and the learned kernel durations,
+//     stopping at the first chunk whose predicted use is no sooner than that of every chunk
+//     it could displace (Belady's rule, as the oracle does with the true future);
+//   * evict ("learned Belady"): the resident chunk whose predicted next use is furthest;
+//     chunks predicted inside the lookahead are never chosen while any other is available;
+//     a chunk whose predicted use has passed without it being touched is a misprediction and
+//     goes first.
+// Everything it uses is what the Engine has shown it so far: no trace, no iteration marks.
+// Deterministic for a given event sequence. Not thread-safe (the Engine serialises calls).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "spillway/policy.h"
+
+namespace spillway {
+
+struct LearnedParams {
+  // Execution ids hashed to recognise the position in the history after a divergence. 8
+  // launches identify a place in a training step (a layer's kernels differ by their
+  // addresses) and resynchronise 8 launches after a divergence ends; shorter contexts
+  // are ambiguous in loops of identical layers (then the longer match wins).
+  std::uint32_t context = 8;
+  // The link's bandwidth toward the GPU in bytes/s. The policy keeps a virtual clock of
+  // the link (when the prefetches it has issued will have arrived, at this rate) and looks
+  // ahead only as far as the launches that start before the link is free again plus
+  // `slack_ns`: a prefetch issued earlier than that cannot arrive sooner, it only takes room
+  // earlier. 25 GB/s (PCIe 4 x16 achievable) errs toward a longer lookahead on faster links
+  // (a shorter one would stall them); the Belady stop rule keeps a long lookahead from
+  // displacing anything needed sooner.
+  double link_bytes_per_s = 25e9;
+  // Lookahead beyond the link's virtual queue (ns): covers the host-side issue latency and
+  // duration estimates that are too long. 200 us = a few fault batches (45 us each).
+  std::uint64_t slack_ns = 200'000;
+  // Lookahead bounds in launches: at least `min_ahead` (kernels with unknown durations),
+  // at most `max_ahead` (bounds the work per launch; amortised, each predicted launch is
+  // scanned about once).
+  std::uint32_t min_ahead = 2;
+  std::uint32_t max_ahead = 4096;
+  // Predicted launches scanned per launch at most (the rest on the following launches):
+  // bounds the decision cost after a resynchronisation, which restarts the scan. 64 is
+  // far more than the one launch the frontier moves per launch in steady state.
+  std::uint32_t max_scan = 64;
+  // Duration assumed for a launch never timed (ns): 10 us, a small kernel.
+  std::uint64_t default_dur_ns = 10'000;
+  // History kept, in launches; beyond it the older half is forgotten (memory bound). 2^20
+  // launches hold hundreds of training steps of the largest traces we know.
+  std::uint32_t max_log = 1u << 20;
+};
+
+class LearnedPolicy final : public Policy {
+ public:
+  explicit LearnedPolicy(LearnedParams params = {});
+  std::string_view name() const override { return "learned"; }
+  bool manages_residency() const override { return true; }
+  void on_alloc(const Block& block, Actions& actions) override;
+  void on_free(const Block& block, Actions& actions) override;
+  void on_launch(const Launch& launch, Actions& actions) override;
+  bool choose_victim(const VictimQuery& query, ChunkIndex* victim) override;
+  void on_residency(ChunkIndex chunk, bool resident) override;
+  bool leave_remote(ChunkIndex chunk) override;
+
+  // Introspection for tests and reports.
+  std::uint64_t hits() const { return hits_; }      // launches that matched the prediction
+  std::uint64_t resyncs() const { return resyncs_; }  // matches found again after a divergence
+  std::uint64_t remote_chunks() const { return remote_; }  // footprint chunks left for remote access
+  std::uint64_t scanned() const { return scanned_; }  // predicted launches examined by the lookahead
+  std::uint64_t budget_chunks() const { return budget_chunks_; }
+
+ private:
+  static constexpr std::uint32_t kNone = UINT32_MAX;
+  static constexpr std::uint64_t kFar = UINT64_MAX / 4;  // "no predicted use"
+  struct Touch {
+    ChunkIndex chunk;
+    std::uint32_t next;  // index in touches_ of the next touch of this chunk, or kNone
+    std::uint32_t entry; // log entry holding this touch
+    bool fresh;          // the chunk's block was allocated since its previous touch
+  };
+  struct Entry {
+    std::uint64_t exec_id;
+    std::uint32_t touch_begin, touch_end;
+  };
+  // Everything known about one 2 MiB chunk (one hash lookup per touch).
+  struct ChunkInfo {
+    std::uint32_t last_touch = kNone;  // index in touches_ of its last touch
+    std::uint32_t gen = 0;             // allocations seen on it
+    std::uint32_t touch_gen = 0;       // gen at its last touch
+    std::uint32_t blocks = 0;          // live blocks on it
+    std::uint64_t addr = 0;            // an address inside one of them (for Actions::prefetch)
+    std::uint64_t end = 0;             // end of that block's part of the chunk (for Actions::advise)
+    std::uint64_t remote = 0;          // stamp_ of the launch that leaves it remote
+    bool advised = false;              // remote-access advice set on the live block here
+    std::uint64_t nu = kFar;           // predicted next use (launch seq)
+    std::uint64_t mark = 0;            // stamp_ + kind while this launch's plan holds it
+    bool resident = false;             // in the Engine's plan (on_residency)
+  };
+  enum Mark : std::uint64_t { kCurrent = 1, kPlanned = 2, kKept = 3 };  // mark = stamp_ + kind
+
+  std::uint32_t append(const Launch& launch);
+  std::uint32_t locate(std::uint32_t n, std::uint64_t exec_id);
+  void compact();
+  void set_next_use(ChunkIndex c, ChunkInfo& info, std::uint64_t nu);
+  std::uint64_t dur_of(std::uint64_t exec_id) const;
+
+  LearnedParams p_;
+  std::vector<Entry> log_;
+  std::vector<Touch> touches_;
+  std::vector<std::uint64_t> prefix_;  // prefix_[i]: predicted duration of entries [0, i), ns
+  std::unordered_map<ChunkIndex, ChunkInfo> chunks_;
+  std::unordered_map<std::uint64_t, std::uint32_t> ctx_pos_;   // hash of last `context` ids -> entry
+  std::unordered_map<std::uint64_t, std::uint32_t> id_pos_;    // exec id -> its last entry
+  std::unordered_map<std::uint64_t, std::uint64_t> dur_;       // exec id -> learned duration (EWMA)
+  std::vector<std::uint64_t> recent_;                          // last `context` exec ids (ring)
+  std::uint64_t recent_count_ = 0;
+
+  std::uint32_t match_ = kNone;   // log entry predicted to be the next launch
+  std::uint64_t seq_ = 0;         // launches seen
+  std::uint64_t ahead_ = 0;       // predicted launches up to this seq have had their prefetches issued
+  std::uint64_t period_ = 0;      // distance (launches) of the last match: the loop's length
+  std::uint32_t anchor_ = kNone;  // the entry matched by the current launch (future seq s -> anchor_ + s - seq_)
+
+  // Residency (the Engine's plan, as on_residency reports it) ranked by predicted next use.
+  std::set<std::pair<std::uint64_t, ChunkIndex>> resident_;
+  std::uint64_t budget_chunks_ = 0;  // learned at the first eviction (0: unknown)
+  // choose_victim() resumes where it stopped within one launch's plan (what it passed is
+  // pinned or gone until the next launch).
+  std::pair<std::uint64_t, ChunkIndex> hint_{};
+  bool hint_valid_ = false;
+  std::uint64_t stamp_ = 0;  // advances by 4 per launch (ChunkInfo::mark)
+  std::vector<std::pair<ChunkIndex, std::uint64_t>> deferred_;  // next-use updates of resident chunks
+  std::uint64_t hits_ = 0, resyncs_ = 0, scanned_ = 0, remote_ = 0;
+  std::vector<std::pair<ChunkIndex, bool>> missing_;  // this launch's chunks not resident (predicted?)
+  double link_free_ns_ = 0;
+  std::uint64_t prev_now_ = 0, prev_dur_ = 0;  // the previous launch's issue time and duration
+  bool prev_remote_ = false;
+  bool prev_predicted_ = false;  // the previous launch was in step with the history  // the previous launch left chunks remote
+  double stalled_ = 0;  // EWMA of "the previous launch waited for data" (link bound when > 1/2)  // virtual link clock: when the prefetches issued so far arrive
+};
+
+}  // namespace spillway

@@ -1,0 +1,221 @@
+// End-to-end tests of launch observation (issue 4): tests/programs/launches run under the
+// preloaded libspillway.so against the fake driver; what the shim saw is read back from the
+// trace it records (SPILLWAY_TRACE), what it issued from the fake's call log (FAKECUDA_LOG).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "harness.h"
+
+namespace spillway::test {
+namespace {
+
+const std::string kShim = SPILLWAY_SHIM;
+const std::string kFakeDir = FAKECUDA_DIR;
+const std::string kPrograms = PROGRAM_DIR;
+const std::string kCli = SPILLWAY_CLI;
+
+Env fake_env(const Env& extra = {}) {
+  Env env{{"LD_LIBRARY_PATH", kFakeDir}, {"LD_PRELOAD", kShim}};
+  for (const auto& [k, v] : extra) env[k] = v;
+  return env;
+}
+
+RunResult launches(std::vector<std::string> args, const Env& env) {
+  args.insert(args.begin(), kPrograms + "/launches");
+  return run(args, env);
+}
+
+std::string describe(const RunResult& r) {
+  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
+}
+
+std::uint64_t hex(const std::string& s) { return std::stoull(s, nullptr, 16); }
+
+struct Trace {
+  nlohmann::json header;
+  std::vector<nlohmann::json> events;
+  std::map<std::uint64_t, std::uint64_t> id_of_addr;  // alloc addr -> id
+  std::vector<nlohmann::json> kernels() const {
+    std::vector<nlohmann::json> k;
+    for (const auto& e : events)
+      if (e.value("ev", "") == "kernel") k.push_back(e);
+    return k;
+  }
+};
+
+Trace read_trace(const std::string& path) {
+  Trace t;
+  std::istringstream in(read_file(path));
+  std::string line;
+  bool first = true;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (first) {
+      t.header = j;
+      first = false;
+      continue;
+    }
+    if (j.value("ev", "") == "alloc" && j.contains("addr")) t.id_of_addr[j["addr"].get<std::uint64_t>()] = j["id"].get<std::uint64_t>();
+    t.events.push_back(j);
+  }
+  return t;
+}
+
+// A kernel's reads as (id, offset, bytes); a bare id is (id, 0, 0) meaning the whole block.
+std::set<std::vector<std::uint64_t>> reads(const nlohmann::json& kernel) {
+  std::set<std::vector<std::uint64_t>> out;
+  for (const auto& r : kernel["reads"]) {
+    if (r.is_number()) out.insert({r.get<std::uint64_t>(), 0, 0});
+    else out.insert({r[0].get<std::uint64_t>(), r[1].get<std::uint64_t>(), r[2].get<std::uint64_t>()});
+  }
+  return out;
+}
+
+// Parses "key=value" fields of one FAKECUDA_LOG line.
+std::string log_field(const std::string& line, const std::string& key) {
+  std::string needle = " " + key + "=";
+  auto p = line.find(needle);
+  if (p == std::string::npos) return "";
+  p += needle.size();
+  return line.substr(p, line.find(' ', p) - p);
+}
+
+TEST(Launch, PointersDirectAndInsideStructsAreSeen) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"args"}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  std::uint64_t a = hex(field(r.out, "A")), b = hex(field(r.out, "B")), c = hex(field(r.out, "C"));
+  Trace t = read_trace(dir + "/t.jsonl");
+  EXPECT_EQ(t.header["format"], "spillway-trace");
+  ASSERT_EQ(t.id_of_addr.count(a) + t.id_of_addr.count(b) + t.id_of_addr.count(c), 3u);
+  std::uint64_t ia = t.id_of_addr[a], ib = t.id_of_addr[b], ic = t.id_of_addr[c];
+  auto k = t.kernels();
+  ASSERT_EQ(k.size(), 4u) << read_file(dir + "/t.jsonl");
+  using R = std::set<std::vector<std::uint64_t>>;
+  EXPECT_EQ(reads(k[0]), (R{{ia, 0, 0}})) << k[0].dump();                          // kernelParams
+  EXPECT_EQ(reads(k[1]), (R{{ib, 2u << 20, 4u << 20}})) << k[1].dump();             // inside a by-value struct, mid-block
+  EXPECT_EQ(reads(k[2]), (R{{ic, 0, 0}, {ia, 0, 0}})) << k[2].dump();               // CU_LAUNCH_PARAM_BUFFER
+  EXPECT_EQ(reads(k[3]), (R{{ib, 0, 0}})) << k[3].dump();                           // cooperative
+}
+
+TEST(Launch, NothingIsIssuedOnACapturingStream) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"capture"}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"},
+                                                {"FAKECUDA_LOG", dir + "/log"},
+                                                {"SPILLWAY_POLICY", "sequential"},
+                                                {"SPILLWAY_BUDGET", "64MiB"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  std::string stream = field(r.out, "stream");
+  std::string log = read_file(dir + "/log");
+  int captured_launches = 0;
+  for (const std::string& line : lines_with(log, "capturing=1")) {
+    std::string fn = line.substr(0, line.find(' '));
+    // The program's own launch and end of capture, and the shim's query: no work issued.
+    EXPECT_TRUE(fn == "cuLaunchKernel" || fn == "cuStreamEndCapture" || fn == "cuStreamIsCapturing")
+        << "the shim issued on a capturing stream: " << line;
+    if (fn == "cuLaunchKernel") ++captured_launches;
+  }
+  EXPECT_EQ(captured_launches, 1);
+  // The captured kernel is not a launch now; each graph launch is one, with the captured footprint.
+  Trace t = read_trace(dir + "/t.jsonl");
+  auto k = t.kernels();
+  ASSERT_EQ(k.size(), 3u) << read_file(dir + "/t.jsonl");
+  std::uint64_t ia = t.id_of_addr[hex(field(r.out, "A"))];
+  EXPECT_EQ(k[1]["name"], "graph");
+  EXPECT_EQ(reads(k[1]), reads(k[0]));
+  EXPECT_EQ(reads(k[2]), (std::set<std::vector<std::uint64_t>>{{ia, 0, 0}}));
+}
+
+class OwnStreams : public ::testing::TestWithParam<const char*> {};
+
+// 8 blocks of 8 MiB cycled 3 times under a 32 MiB budget.
+TEST_P(OwnStreams, PrefetchesOnTheShimsStreamsWithinTheBudget) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"cycle", "3", "8"}, fake_env({{"FAKECUDA_LOG", dir + "/log"},
+                                                        {"SPILLWAY_POLICY", GetParam()},
+                                                        {"SPILLWAY_BUDGET", "32MiB"},
+                                                        {"SPILLWAY_REPORT", dir + "/report.json"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  std::string program_stream = field(r.out, "stream");
+  std::string log = read_file(dir + "/log");
+  auto prefetches = lines_with(log, "cuMemPrefetchAsync_v2 ");
+  ASSERT_FALSE(prefetches.empty()) << "the shim issued no prefetch";
+  std::set<std::string> to_gpu_streams, to_host_streams;
+  std::map<std::uint64_t, bool> resident;  // chunk -> on the GPU
+  std::size_t peak = 0;
+  for (const std::string& line : prefetches) {
+    std::string s = log_field(line, "stream");
+    EXPECT_NE(s, program_stream) << line;
+    EXPECT_NE(hex(s), 0u) << "prefetch on the legacy stream: " << line;
+    bool to_gpu = log_field(line, "loc_type") == "1";
+    (to_gpu ? to_gpu_streams : to_host_streams).insert(s);
+    std::uint64_t p = hex(log_field(line, "dptr")), n = std::stoull(log_field(line, "count"));
+    for (std::uint64_t c = p >> 21; c <= (p + n - 1) >> 21; ++c) {
+      if (to_gpu) resident[c] = true;
+      else resident.erase(c);
+    }
+    peak = std::max(peak, resident.size());
+  }
+  EXPECT_LE(peak, 16u) << "planned past the 32 MiB budget";
+  EXPECT_EQ(to_gpu_streams.size(), 1u);
+  if (!to_host_streams.empty()) {
+    EXPECT_EQ(to_host_streams.size(), 1u);
+    EXPECT_NE(*to_host_streams.begin(), *to_gpu_streams.begin()) << "one stream each way";
+  }
+  nlohmann::json report = nlohmann::json::parse(read_file(dir + "/report.json"));
+  EXPECT_EQ(report["bytes"]["budget"], 32u << 20);
+  EXPECT_GT(report["bytes"]["prefetched_to_gpu"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(report["bytes"]["evicted_to_host"].get<std::uint64_t>(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, OwnStreams, ::testing::Values("sequential", "correlation"));
+
+TEST(Launch, MultiThreadedLaunchesStayCorrect) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"threads", "8", "200"}, fake_env({{"SPILLWAY_POLICY", "correlation"},
+                                                           {"SPILLWAY_BUDGET", "16MiB"},
+                                                           {"SPILLWAY_TRACE", dir + "/t.jsonl"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(read_trace(dir + "/t.jsonl").kernels().size(), 8u * 200u * 2u);
+}
+
+TEST(Launch, RecordedTraceReplaysToTheSameFootprints) {
+  std::string dir = temp_dir();
+  RunResult r = run({kCli, "run", "--trace", dir + "/t.jsonl", "--", kPrograms + "/launches", "cycle", "2", "4"},
+                    fake_env());
+  ASSERT_EQ(r.status, 0) << describe(r);
+  Trace t = read_trace(dir + "/t.jsonl");
+  auto k = t.kernels();
+  ASSERT_EQ(k.size(), 8u);
+  std::vector<std::uint64_t> ids;
+  for (const auto& e : t.events)
+    if (e.value("ev", "") == "alloc") ids.push_back(e["id"].get<std::uint64_t>());
+  ASSERT_EQ(ids.size(), 4u);
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    EXPECT_EQ(reads(k[i]), (std::set<std::vector<std::uint64_t>>{{ids[i % 4], 0, 0}})) << k[i].dump();
+  }
+  RunResult replay = run({kCli, "replay", dir + "/t.jsonl", "--policy", "demand", "--capacity", "0.5"}, {});
+  ASSERT_EQ(replay.status, 0) << describe(replay);
+  EXPECT_NE(replay.out.find("kernels 8,"), std::string::npos) << replay.out;
+  EXPECT_NE(replay.out.find("peak footprint 32 MiB"), std::string::npos) << replay.out;
+}
+
+TEST(Launch, BadTracePathIsOneLineAndTheProgramRuns) {
+  RunResult r = launches({"args"}, fake_env({{"SPILLWAY_TRACE", "/nonexistent-dir/t.jsonl"}}));
+  EXPECT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err_lines().size(), 1u) << r.err;
+  EXPECT_NE(r.err.find("SPILLWAY_TRACE"), std::string::npos) << r.err;
+  EXPECT_EQ(field(r.out, "ok"), "") ;
+  EXPECT_NE(r.out.find("ok"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace spillway::test

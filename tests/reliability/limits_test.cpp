@@ -1,0 +1,66 @@
+// Limits that keep the host alive (issue 5, item 5), under the real shim and the fake driver.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "harness.h"
+
+namespace spillway::test {
+namespace {
+
+const std::string kShim = SPILLWAY_SHIM;
+const std::string kFakeDir = FAKECUDA_DIR;
+const std::string kProgram = RELIABILITY_PROGRAM_DIR "/limits";
+
+double number(const std::string& out, const std::string& key) { return std::atof(field(out, key).c_str()); }
+
+// With no SPILLWAY_MAX_MANAGED the cap is 80 % of host RAM (DESIGN §7), read at start: managed
+// allocations stop there with CUDA_ERROR_OUT_OF_MEMORY (never the OOM killer: the blocks are
+// never touched here, and past the cap nothing is allocated at all).
+TEST(Limits, DefaultManagedCapIsEightyPercentOfHostRam) {
+  double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  double cap = 0.8 * ram;
+  std::string report = temp_dir() + "/r.json";
+  // 16 GiB of fake device memory would refuse first without the shim: make it large enough
+  // that only the shim's cap can refuse.
+  RunResult r = run({kProgram, "fill", "1"}, {{"LD_LIBRARY_PATH", kFakeDir}, {"LD_PRELOAD", kShim},
+                                               {"FAKECUDA_TOTAL_MEMORY", "1099511627776"}, {"SPILLWAY_REPORT", report}}, 120);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(field(r.out, "refused"), "2") << "CUDA_ERROR_OUT_OF_MEMORY past the cap: " << r.out;
+  double bytes = number(r.out, "bytes");
+  EXPECT_LE(bytes, cap) << r.out;
+  EXPECT_GT(bytes, cap - double(1 << 30)) << r.out;
+  std::string text = read_file(report);
+  ASSERT_FALSE(text.empty()) << r.err;
+  nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["allocations"]["refused"].get<int>(), 1) << text;
+  EXPECT_NEAR(j["bytes"]["max_managed"].get<double>(), cap, 2.0) << "the cap the shim read at start";
+  EXPECT_EQ(j["bytes"]["managed_now"].get<long>(), 0) << text;
+  std::printf("default cap: host RAM %.0f bytes, cap %.0f, managed allocated before refusal %.0f\n", ram, cap, bytes);
+}
+
+// The shim's own memory grows with the number of live blocks and no more, and comes back
+// when they are freed: bounded per block and free of leaks per allocation.
+TEST(Limits, ShimHeapPerLiveBlockIsBoundedAndReturned) {
+  const long n = 100000;
+  RunResult with = run({kProgram, "footprint", std::to_string(n)},
+                       {{"LD_LIBRARY_PATH", kFakeDir}, {"LD_PRELOAD", kShim}}, 120);
+  RunResult plain = run({kProgram, "footprint", std::to_string(n)}, {{"LD_LIBRARY_PATH", kFakeDir}}, 120);
+  ASSERT_EQ(with.status, 0) << with.out << with.err;
+  ASSERT_EQ(plain.status, 0) << plain.out << plain.err;
+  double shim_live = (number(with.out, "heap_live") - number(with.out, "heap_init")) -
+                     (number(plain.out, "heap_live") - number(plain.out, "heap_init"));
+  double shim_after = (number(with.out, "heap_after") - number(with.out, "heap_init")) -
+                      (number(plain.out, "heap_after") - number(plain.out, "heap_init"));
+  double per_block = shim_live / n;
+  std::printf("shim heap: %.0f bytes per live block, %.0f bytes left after freeing %ld blocks\n", per_block,
+              shim_after, n);
+  EXPECT_LT(per_block, 512.0) << with.out << plain.out;
+  EXPECT_LT(shim_after, 64.0 * 1024) << "the shim keeps (almost) nothing once its blocks are freed";
+}
+
+}  // namespace
+}  // namespace spillway::test

@@ -1,0 +1,375 @@
+// The `learned` policy (issue 4, DESIGN §4, docs/learned-policy.md) through the policy and
+// the simulator alone: a cyclic sequence larger than the GPU, a phase change, a random
+// pattern against `demand`, and the proof that it never sees the future.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "learned.h"
+#include "policies.h"
+#include "spillway/sim/simulator.h"
+
+namespace spillway::sim {
+namespace {
+
+constexpr std::uint64_t kMs = 1'000'000;  // ns
+
+struct Builder {
+  trace::Trace t;
+  std::map<std::uint64_t, std::uint64_t> live;
+  Builder() { t.path = "learned.jsonl"; }
+  Builder& alloc(std::uint64_t id, std::uint64_t bytes) {
+    trace::Event e;
+    e.kind = trace::EventKind::alloc;
+    e.id = id;
+    e.bytes = bytes;
+    live[id] = bytes;
+    t.events.push_back(e);
+    return *this;
+  }
+  Builder& free(std::uint64_t id) {
+    trace::Event e;
+    e.kind = trace::EventKind::free;
+    e.id = id;
+    live.erase(id);
+    t.events.push_back(e);
+    return *this;
+  }
+  Builder& kernel(const std::string& name, std::uint64_t dur, std::vector<std::uint64_t> reads,
+                  std::vector<std::uint64_t> writes = {}) {
+    trace::Event e;
+    e.kind = trace::EventKind::kernel;
+    e.name = name;
+    e.dur_ns = dur;
+    for (auto id : reads) e.reads.push_back(trace::Range{id, 0, live.at(id), true});
+    for (auto id : writes) e.writes.push_back(trace::Range{id, 0, live.at(id), true});
+    t.events.push_back(e);
+    return *this;
+  }
+};
+
+// One 2 MiB chunk per ms each way, 10 us per fault batch, faults 2x slower.
+SimParams slow_link(std::uint64_t capacity_chunks) {
+  SimParams p = default_params();
+  p.link = LinkProfile{"test", 2097152e3, 2097152e3, 10'000, "test"};
+  p.fault_slowdown = 2.0;
+  p.capacity_bytes = capacity_chunks * kChunkBytes;
+  return p;
+}
+
+// `blocks` persistent one-chunk blocks, written once, then `cycles` times the same
+// sequence of kernels, kernel i reading block i (2 ms each): a loop over data twice the GPU.
+Builder cyclic(int blocks, int cycles, int first_id = 1, const std::string& prefix = "k") {
+  Builder b;
+  for (int i = 0; i < blocks; ++i) b.alloc(first_id + i, kChunkBytes);
+  for (int i = 0; i < blocks; ++i) b.kernel("init", kMs / 10, {}, {static_cast<std::uint64_t>(first_id + i)});
+  for (int c = 0; c < cycles; ++c) {
+    for (int i = 0; i < blocks; ++i) b.kernel(prefix + std::to_string(i), 2 * kMs, {static_cast<std::uint64_t>(first_id + i)});
+  }
+  return b;
+}
+
+// Start times of the kernels (from the timeline).
+std::vector<std::uint64_t> kernel_starts(const CompiledTrace& t, const std::string& policy, const SimParams& p,
+                                         CellResult* out = nullptr) {
+  std::vector<Span> spans;
+  CellResult r = run_cell(t, policy, p, &spans);
+  if (out != nullptr) *out = r;
+  std::vector<std::uint64_t> starts;
+  for (const Span& s : spans) {
+    if (s.track == Span::compute) starts.push_back(s.start_ns);
+  }
+  starts.push_back(r.sim.time_ns);
+  return starts;
+}
+
+TEST(LearnedTest, Registered) {
+  const auto& names = policy_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "learned"), names.end());
+  const auto& sim = sim_policy_names();
+  EXPECT_NE(std::find(sim.begin(), sim.end(), "learned"), sim.end());
+  auto p = make_policy("learned");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->name(), "learned");
+  EXPECT_TRUE(p->manages_residency());
+}
+
+// A cycle over twice the GPU: after the first cycle every kernel finds its data there
+// (prefetched one launch ahead while the previous kernel runs), so each later cycle takes
+// its compute time, where `demand` and fetch-at-launch stall every kernel.
+TEST(LearnedTest, CyclicSequenceLargerThanCapacityIsPrefetchedAfterTheFirstCycle) {
+  const int blocks = 16, cycles = 6;
+  CompiledTrace t = compile(cyclic(blocks, cycles).t);
+  SimParams p = slow_link(blocks / 2);
+  CellResult r;
+  std::vector<std::uint64_t> st = kernel_starts(t, "learned", p, &r);
+  ASSERT_EQ(st.size(), static_cast<std::size_t>(blocks + blocks * cycles + 1));
+  const std::uint64_t cycle_compute = blocks * 2 * kMs;
+  for (int c = 1; c < cycles; ++c) {
+    std::uint64_t begin = st[blocks + c * blocks], end = st[blocks + (c + 1) * blocks];
+    EXPECT_LE(end - begin, cycle_compute + cycle_compute / 50) << "cycle " << c;  // within 2%
+  }
+  EXPECT_GE(static_cast<double>(r.sim.prefetch_used_bytes), 0.95 * static_cast<double>(r.sim.prefetch_bytes));
+  CellResult d = run_cell(t, "demand", p);
+  EXPECT_LT(r.sim.time_ns, d.sim.time_ns);
+  // Belady on the learned cycle moves at most what LRU-like policies do.
+  CellResult c = run_cell(t, "correlation", p);
+  EXPECT_LE(r.sim.h2d_bytes, c.sim.h2d_bytes);
+}
+
+// Two phases with different kernels and data: after the change the policy must find the
+// new loop itself; by the third cycle of the new phase it prefetches everything again.
+TEST(LearnedTest, PhaseChangeRecoversWithinTwoCycles) {
+  const int blocks = 12;
+  Builder b = cyclic(blocks, 4, 1, "a");
+  for (int i = 0; i < blocks; ++i) b.free(1 + i);
+  for (int i = 0; i < blocks; ++i) b.alloc(100 + i, kChunkBytes);
+  for (int i = 0; i < blocks; ++i) b.kernel("init2", kMs / 10, {}, {static_cast<std::uint64_t>(100 + i)});
+  const int cycles_b = 6;
+  for (int c = 0; c < cycles_b; ++c) {
+    for (int i = 0; i < blocks; ++i) {
+      // Phase B walks its data in another order (stride 5 over 12 blocks).
+      int j = (i * 5) % blocks;
+      b.kernel("b" + std::to_string(j), 2 * kMs, {static_cast<std::uint64_t>(100 + j)});
+    }
+  }
+  CompiledTrace t = compile(b.t);
+  SimParams p = slow_link(blocks / 2);
+  std::vector<std::uint64_t> st = kernel_starts(t, "learned", p);
+  const std::size_t phase_b = blocks + 4 * blocks + blocks;  // first kernel of phase B's cycles
+  ASSERT_EQ(st.size(), phase_b + cycles_b * blocks + 1);
+  const std::uint64_t cycle_compute = blocks * 2 * kMs;
+  for (int c = 2; c < cycles_b; ++c) {
+    std::uint64_t begin = st[phase_b + c * blocks], end = st[phase_b + (c + 1) * blocks];
+    EXPECT_LE(end - begin, cycle_compute + cycle_compute / 50) << "phase B cycle " << c;
+  }
+}
+
+// A loop whose length varies (an inner loop of 2-5 steps, as with variable sequence lengths)
+// and an occasional validation pass: the policy resynchronises and stays ahead of `demand`.
+TEST(LearnedTest, VariableLengthsAndValidationPass) {
+  Builder b;
+  const int blocks = 10;
+  for (int i = 0; i < blocks; ++i) b.alloc(1 + i, kChunkBytes);
+  for (int i = 0; i < blocks; ++i) b.kernel("init", kMs / 10, {}, {static_cast<std::uint64_t>(1 + i)});
+  std::mt19937_64 rng(7);
+  for (int step = 0; step < 30; ++step) {
+    int len = 2 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < len; ++i) b.kernel("inner" + std::to_string(i), 2 * kMs, {static_cast<std::uint64_t>(1 + i)});
+    for (int i = 5; i < blocks; ++i) b.kernel("outer" + std::to_string(i), 2 * kMs, {static_cast<std::uint64_t>(1 + i)});
+    if (step % 7 == 6) {
+      for (int i = blocks - 1; i >= 0; i -= 2) b.kernel("val" + std::to_string(i), kMs, {static_cast<std::uint64_t>(1 + i)});
+    }
+  }
+  CompiledTrace t = compile(b.t);
+  SimParams p = slow_link(5);
+  CellResult l = run_cell(t, "learned", p), d = run_cell(t, "demand", p);
+  EXPECT_LT(l.sim.time_ns, d.sim.time_ns);
+  EXPECT_GE(l.sim.time_ns, l.bound_ns);
+}
+
+Builder random_pattern(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Builder b;
+  std::vector<std::uint64_t> live;
+  std::uint64_t next = 1;
+  for (int step = 0; step < 600; ++step) {
+    int what = static_cast<int>(rng() % 10);
+    if (what < 2 || live.size() < 4) {
+      std::uint64_t bytes = 1 + rng() % (3 * kChunkBytes);
+      b.alloc(next, bytes);
+      live.push_back(next++);
+    } else if (what < 3 && live.size() > 4) {
+      std::size_t i = rng() % live.size();
+      b.free(live[i]);
+      live.erase(live.begin() + static_cast<long>(i));
+    } else {
+      trace::Event e;
+      e.kind = trace::EventKind::kernel;
+      e.name = "k" + std::to_string(rng() % 5);
+      e.dur_ns = 1000 + rng() % (2 * kMs);
+      int n = 1 + static_cast<int>(rng() % 3);
+      for (int j = 0; j < n; ++j) {
+        std::uint64_t id = live[rng() % live.size()];
+        std::uint64_t bytes = b.live.at(id);
+        std::uint64_t off = rng() % bytes;
+        trace::Range r{id, off, 1 + rng() % (bytes - off), false};
+        (rng() % 2 ? e.reads : e.writes).push_back(r);
+      }
+      b.t.events.push_back(e);
+    }
+  }
+  return b;
+}
+
+// A loop over twice the GPU with short kernels: the link is the bottleneck, every chunk
+// comes back one loop later, so each incoming chunk would displace one needed sooner. MIN
+// with bypass reads such chunks remotely (preferred location CPU + accessed by the GPU)
+// rather than migrating them; `learned` does the same once it has learned the loop.
+TEST(LearnedTest, LinkBoundLoopReadsRemotelyInsteadOfThrashing) {
+  const int blocks = 16;
+  Builder b;
+  for (int i = 0; i < blocks; ++i) b.alloc(1 + i, kChunkBytes);
+  for (int i = 0; i < blocks; ++i) b.kernel("init", kMs / 10, {}, {static_cast<std::uint64_t>(1 + i)});
+  for (int c = 0; c < 8; ++c) {
+    for (int i = 0; i < blocks; ++i) b.kernel("k" + std::to_string(i), kMs / 10, {static_cast<std::uint64_t>(1 + i)});
+  }
+  CompiledTrace t = compile(b.t);
+  SimParams p = slow_link(blocks / 2);
+  CellResult l = run_cell(t, "learned", p), c = run_cell(t, "correlation", p), d = run_cell(t, "demand", p);
+  EXPECT_GT(l.sim.remote_bytes, 0u);
+  EXPECT_LE(l.sim.time_ns, c.sim.time_ns);
+  EXPECT_LT(l.sim.time_ns, d.sim.time_ns);
+}
+
+// Nothing to learn: no worse than demand paging by more than 5%.
+TEST(LearnedTest, RandomPatternNoWorseThanDemand) {
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    CompiledTrace t = compile(random_pattern(seed).t);
+    for (std::uint64_t cap : {4u, 8u, 16u}) {
+      SimParams p = slow_link(cap);
+      CellResult l = run_cell(t, "learned", p), d = run_cell(t, "demand", p);
+      EXPECT_LE(static_cast<double>(l.sim.time_ns), 1.05 * static_cast<double>(d.sim.time_ns))
+          << "seed " << seed << " capacity " << cap;
+      EXPECT_LE(l.sim.peak_occupied_chunks, cap);
+      EXPECT_EQ(l.sim.chunks_in, l.sim.chunks_evicted + l.sim.chunks_dropped + l.sim.resident_chunks);
+    }
+  }
+}
+
+// ---- it never sees the future ----
+
+// Wraps a LearnedPolicy and logs every decision it hands the Engine.
+class Logged final : public Policy {
+ public:
+  Logged(std::vector<std::string>& log, LearnedParams params) : log_(log), inner_(params) {}
+  std::string_view name() const override { return "learned"; }
+  bool manages_residency() const override { return true; }
+  void on_alloc(const Block& b, Actions& a) override { inner_.on_alloc(b, a); }
+  void on_free(const Block& b, Actions& a) override { inner_.on_free(b, a); }
+  void on_launch(const Launch& l, Actions& a) override {
+    struct Rec final : Actions {
+      Actions& to;
+      std::vector<std::string>& log;
+      Rec(Actions& t, std::vector<std::string>& l) : to(t), log(l) {}
+      void prefetch(std::uint64_t addr, std::uint64_t bytes, Location where) override {
+        log.push_back("prefetch " + std::to_string(addr) + " " + std::to_string(bytes) + (where == Location::gpu ? " gpu" : " cpu"));
+        to.prefetch(addr, bytes, where);
+      }
+      void advise(std::uint64_t addr, std::uint64_t bytes, Advice adv, Location where) override {
+        log.push_back("advise " + std::to_string(addr) + " " + std::to_string(bytes) + " " +
+                      std::to_string(static_cast<int>(adv)) + " " + std::to_string(static_cast<int>(where)));
+        to.advise(addr, bytes, adv, where);
+      }
+    } rec(a, log_);
+    log_.push_back("launch " + std::to_string(l.seq) + " t=" + std::to_string(l.now_ns));
+    inner_.on_launch(l, rec);
+  }
+  bool choose_victim(const VictimQuery& q, ChunkIndex* v) override {
+    bool ok = inner_.choose_victim(q, v);
+    log_.push_back(ok ? "victim " + std::to_string(*v) : "victim none");
+    return ok;
+  }
+  void on_residency(ChunkIndex c, bool r) override { inner_.on_residency(c, r); }
+
+ private:
+  std::vector<std::string>& log_;
+  LearnedPolicy inner_;
+};
+
+// The simulator's loop (as run_cell) with the logged policy.
+std::vector<std::string> decisions(const CompiledTrace& trace, const SimParams& params, LearnedParams lp = {}) {
+  std::vector<std::string> log;
+  SimBackend backend(trace, params);
+  Config config;
+  config.budget = SizeSetting{params.capacity_bytes, 0.0, false};
+  config.max_managed = SizeSetting{~0ull >> 2, 0.0, false};
+  config.log_level = LogLevel::error;
+  Engine engine(config, backend, std::make_unique<Logged>(log, lp));
+  std::vector<std::uint64_t> addr_of(trace.blocks.size(), 0);
+  std::uint64_t seq = 0;
+  for (const Op& op : trace.ops) {
+    switch (op.kind) {
+      case Op::Kind::alloc: {
+        backend.expect_block(op.index);
+        EXPECT_TRUE(engine.allocate(trace.blocks[op.index].bytes, AllocKind::alloc, 0, &addr_of[op.index]).ok());
+        break;
+      }
+      case Op::Kind::free: {
+        bool ours = false;
+        engine.release(addr_of[op.index], std::nullopt, &ours);
+        break;
+      }
+      case Op::Kind::kernel: {
+        const KernelRecord& k = trace.kernels[op.index];
+        Launch l;
+        l.seq = seq++;
+        l.name = trace.names[k.name];
+        l.exec_id = k.exec_id;
+        l.accesses = std::span<const Access>(trace.accesses.data() + k.access_begin, k.access_end - k.access_begin);
+        l.dur_ns = k.dur_ns;
+        l.now_ns = backend.now();
+        engine.launch(l);
+        backend.run(op.index);
+        break;
+      }
+      case Op::Kind::host: backend.run(op.index); break;
+      case Op::Kind::iter: break;
+    }
+  }
+  return log;
+}
+
+void expect_prefix_decisions_equal(const trace::Trace& full, std::size_t cut, const SimParams& p, LearnedParams lp = {}) {
+  trace::Trace prefix = full;
+  prefix.events.resize(cut);
+  CompiledTrace tf = compile(full), tp = compile(prefix);
+  std::vector<std::string> a = decisions(tp, p, lp), b = decisions(tf, p, lp);
+  ASSERT_FALSE(a.empty());
+  ASSERT_LE(a.size(), b.size());
+  std::size_t launches = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i], b[i]) << "decision " << i << " differs (cut at event " << cut << ")";
+    launches += a[i].rfind("launch ", 0) == 0;
+  }
+  EXPECT_GT(launches, 0u);
+  // Every decision the full run made before the prefix's last launch ended is in the prefix run.
+  if (b.size() > a.size()) {
+    EXPECT_EQ(b[a.size()].rfind("launch ", 0), 0u) << b[a.size()];
+  }
+}
+
+TEST(LearnedTest, DecisionsOnAPrefixDoNotDependOnTheRest) {
+  Builder b = cyclic(16, 5);
+  for (std::size_t cut : {20u, 37u, 50u, 61u, 90u}) expect_prefix_decisions_equal(b.t, cut, slow_link(8));
+  trace::Trace r = random_pattern(3).t;
+  for (std::size_t cut : {100u, 333u, 500u}) expect_prefix_decisions_equal(r, cut, slow_link(6));
+  // The bundled traces (the first thousands of events) at half their peak.
+  for (const char* name : {"resnet50-train-b512", "BERT_Base-b256"}) {
+    trace::Trace t = trace::read_trace(std::string(SPILLWAY_SOURCE_DIR) + "/bench/traces/" + name + ".jsonl.gz");
+    CompiledTrace whole = compile(t);
+    SimParams p = default_params();
+    p.capacity_bytes = whole.peak_bytes / 2 / kChunkBytes * kChunkBytes;
+    expect_prefix_decisions_equal(t, t.events.size() * 2 / 3, p);
+  }
+}
+
+// A history far longer than max_log: the older half is forgotten and the loop is still
+// learned (the cyclic result holds with a history of a few cycles).
+TEST(LearnedTest, BoundedHistoryStillLearns) {
+  const int blocks = 16, cycles = 12;
+  CompiledTrace t = compile(cyclic(blocks, cycles).t);
+  SimParams p = slow_link(blocks / 2);
+  LearnedParams lp;
+  lp.max_log = 3 * blocks;
+  std::vector<std::string> log = decisions(t, p, lp);
+  std::size_t prefetches = 0;
+  for (const auto& s : log) prefetches += s.rfind("prefetch ", 0) == 0;
+  EXPECT_GT(prefetches, static_cast<std::size_t>(blocks * (cycles - 3) / 2));
+}
+
+}  // namespace
+}  // namespace spillway::sim
