@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "policies.h"
+#include "instant_backend.h"
 #include "spillway/engine.h"
 
 namespace spillway {
@@ -17,41 +18,15 @@ struct Call {
   Location to;
 };
 
-class RecordingBackend final : public Backend {
+// Records the prefetches the Engine hands to its Backend; everything else succeeds at once.
+class RecordingBackend final : public test_support::InstantBackend {
  public:
-  explicit RecordingBackend(std::uint64_t gpu_bytes) : gpu_(gpu_bytes) {}
-  Result memory_info(std::uint64_t* f, std::uint64_t* t) override {
-    *f = *t = gpu_;
-    return {};
-  }
-  std::uint64_t host_memory_bytes() override { return 1ull << 40; }
-  bool concurrent_managed_access() override { return true; }
-  int current_device() override { return 0; }
-  Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
-    *addr = next_;
-    next_ += (bytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
-    return {};
-  }
-  Result free_managed(std::uint64_t) override { return {}; }
+  explicit RecordingBackend(std::uint64_t gpu_bytes) : InstantBackend(gpu_bytes) {}
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) override {
     calls.push_back({addr, bytes, to});
     return {};
   }
-  Result advise(std::uint64_t, std::uint64_t, Advice, Location, int) override { return {}; }
-  bool is_capturing(StreamHandle) override { return false; }
-  Result record_event(StreamHandle, EventHandle* e) override {
-    *e = 1;
-    return {};
-  }
-  Result event_done(EventHandle) override { return {}; }
-  void destroy_event(EventHandle) override {}
-  Result wait_event(EventHandle) override { return {}; }
-
   std::vector<Call> calls;
-
- private:
-  std::uint64_t gpu_;
-  std::uint64_t next_ = 1ull << 40;
 };
 
 // Manages residency, prefetches nothing itself, records residency notifications.
