@@ -10,9 +10,8 @@
 
 namespace spillway {
 
-namespace {
-
-struct Action {
+// A Policy's request, as the Engine carries it out.
+struct Engine::Action {
   enum class Kind { prefetch, advise } kind;
   std::uint64_t addr;
   std::uint64_t bytes;
@@ -20,7 +19,10 @@ struct Action {
   Advice advice;
 };
 
-}  // namespace
+Result Engine::send(Backend& backend, const Action& a, int device) {
+  return a.kind == Action::Kind::prefetch ? backend.prefetch(a.addr, a.bytes, a.where, device)
+                                          : backend.advise(a.addr, a.bytes, a.advice, a.where, device);
+}
 
 // Collects a Policy's requests while the Engine's lock is held; they are carried out after
 // it is released, so no lock is ever held across a driver call.
@@ -222,21 +224,16 @@ void Engine::run_policy_alloc(const Block& block) {
     policy_->on_alloc(block, actions);
   }
   for (const Action& a : actions.list) {
-    Result r;
-    if (a.kind == Action::Kind::prefetch) {
-      r = backend_.prefetch(a.addr, a.bytes, a.where, block.device);
-    } else {
-      r = backend_.advise(a.addr, a.bytes, a.advice, a.where, block.device);
-    }
-    std::lock_guard lock(mutex_);
-    if (!r.ok()) {
-      ++counters_.backend_errors;
-      continue;
-    }
-    if (a.kind == Action::Kind::advise) ++counters_.advise_calls;
-    else if (a.where == Location::gpu) counters_.prefetch_to_gpu_bytes += a.bytes;
-    else counters_.evict_to_cpu_bytes += a.bytes;
+    count_action(a, send(backend_, a, block.device));
   }
+}
+
+void Engine::count_action(const Action& a, const Result& r) {
+  std::lock_guard lock(mutex_);
+  if (!r.ok()) ++counters_.backend_errors;
+  else if (a.kind == Action::Kind::advise) ++counters_.advise_calls;
+  else if (a.where == Location::gpu) counters_.prefetch_to_gpu_bytes += a.bytes;
+  else counters_.evict_to_cpu_bytes += a.bytes;
 }
 
 void Engine::run_policy_free(const Block& block) {
@@ -326,16 +323,7 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
 void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned) {
   for (const Action& a : actions.list) {
     if (planned && a.kind == Action::Kind::prefetch) continue;  // went through the plan
-    Result r = a.kind == Action::Kind::prefetch ? backend_.prefetch(a.addr, a.bytes, a.where, device_)
-                                                : backend_.advise(a.addr, a.bytes, a.advice, a.where, device_);
-    std::lock_guard lock(mutex_);
-    if (!r.ok()) {
-      ++counters_.backend_errors;
-      continue;
-    }
-    if (a.kind == Action::Kind::advise) ++counters_.advise_calls;
-    else if (a.where == Location::gpu) counters_.prefetch_to_gpu_bytes += a.bytes;
-    else counters_.evict_to_cpu_bytes += a.bytes;
+    count_action(a, send(backend_, a, device_));
   }
   // Runs of adjacent chunks moving the same way become one Backend call, clipped to the
   // block that holds them.

@@ -145,6 +145,9 @@ class Engine {
   static constexpr int kMaxReleaseAttempts = 3;
   void release_deferred(PendingFree& p);
   class EngineActions;
+  struct Action;
+  static Result send(Backend& backend, const Action& action, int device);
+  void count_action(const Action& action, const Result& result);
   class Residency;
   struct Move {
     ChunkIndex chunk;
