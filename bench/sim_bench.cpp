@@ -2,7 +2,7 @@
 // on the bundled traces and on a synthetic trace of small kernels (the per-event overhead:
 // Engine::launch + Policy::on_launch + SimBackend::run). Reading and compiling a trace is
 // measured separately (BM_ReadAndCompile).
-//   build-sim/bin/spillway-sim-bench [--benchmark_filter=...]
+//   build/bin/spillway-sim-bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
 #include <string>
