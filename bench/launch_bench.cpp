@@ -17,7 +17,13 @@
 
 #include <benchmark/benchmark.h>
 
+#include "side_by_side.h"
+
 namespace {
+
+using spillway::bench::must;
+using spillway::bench::open_driver;
+using spillway::bench::open_shim;
 
 using LaunchFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void**, void**);
@@ -29,41 +35,18 @@ AllocFn g_shim_alloc = nullptr;
 CUfunction g_kernel = nullptr;
 std::vector<CUdeviceptr> g_live;
 
-template <typename T>
-T must(void* handle, const char* name) {
-  void* p = dlsym(handle, name);
-  if (p == nullptr) {
-    std::fprintf(stderr, "launch-bench: %s not found: %s\n", name, dlerror());
-    std::exit(1);
-  }
-  return reinterpret_cast<T>(p);
-}
-
 void setup() {
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (driver == nullptr) {
-    std::fprintf(stderr, "launch-bench: cannot load libcuda.so.1 (run with LD_LIBRARY_PATH=build/fakecuda): %s\n", dlerror());
-    std::exit(1);
-  }
+  void* driver = open_driver();
   g_direct = must<LaunchFn>(driver, "cuLaunchKernel");
   g_is_capturing = must<CUresult (*)(CUstream, CUstreamCaptureStatus*)>(driver, "cuStreamIsCapturing");
-  auto init = must<CUresult (*)(unsigned)>(driver, "cuInit");
-  auto retain = must<CUresult (*)(CUcontext*, CUdevice)>(driver, "cuDevicePrimaryCtxRetain");
-  auto set_current = must<CUresult (*)(CUcontext)>(driver, "cuCtxSetCurrent");
   auto load = must<CUresult (*)(CUmodule*, const void*)>(driver, "cuModuleLoadData");
   auto get_fn = must<CUresult (*)(CUfunction*, CUmodule, const char*)>(driver, "cuModuleGetFunction");
-  CUcontext ctx = nullptr;
   CUmodule module = nullptr;
-  if (init(0) != CUDA_SUCCESS || retain(&ctx, 0) != CUDA_SUCCESS || set_current(ctx) != CUDA_SUCCESS ||
-      load(&module, "bench_k(8,8,8,8)") != CUDA_SUCCESS || get_fn(&g_kernel, module, "bench_k") != CUDA_SUCCESS) {
-    std::fprintf(stderr, "launch-bench: driver initialisation failed\n");
+  if (load(&module, "bench_k(8,8,8,8)") != CUDA_SUCCESS || get_fn(&g_kernel, module, "bench_k") != CUDA_SUCCESS) {
+    std::fprintf(stderr, "launch-bench: cannot load the benchmark kernel\n");
     std::exit(1);
   }
-  void* shim = dlopen(SPILLWAY_SHIM_PATH, RTLD_NOW | RTLD_LOCAL);
-  if (shim == nullptr) {
-    std::fprintf(stderr, "launch-bench: cannot load %s: %s\n", SPILLWAY_SHIM_PATH, dlerror());
-    std::exit(1);
-  }
+  void* shim = open_shim(SPILLWAY_SHIM_PATH);
   g_shim = must<LaunchFn>(shim, "cuLaunchKernel");
   g_shim_alloc = must<AllocFn>(shim, "cuMemAlloc_v2");
 }

@@ -15,7 +15,13 @@
 
 #include <benchmark/benchmark.h>
 
+#include "side_by_side.h"
+
 namespace {
+
+using spillway::bench::must;
+using spillway::bench::open_driver;
+using spillway::bench::open_shim;
 
 using AllocFn = CUresult (*)(CUdeviceptr*, size_t);
 using FreeFn = CUresult (*)(CUdeviceptr);
@@ -36,38 +42,12 @@ CUresult (*g_alloc_managed)(CUdeviceptr*, size_t, unsigned) = nullptr;
 CUresult alloc_managed_direct(CUdeviceptr* p, size_t bytes) { return g_alloc_managed(p, bytes, CU_MEM_ATTACH_GLOBAL); }
 std::vector<CUdeviceptr> g_live;  // background blocks held through the shim
 
-template <typename T>
-T must(void* handle, const char* name) {
-  void* p = dlsym(handle, name);
-  if (p == nullptr) {
-    std::fprintf(stderr, "shim-bench: %s not found: %s\n", name, dlerror());
-    std::exit(1);
-  }
-  return reinterpret_cast<T>(p);
-}
-
 void setup() {
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (driver == nullptr) {
-    std::fprintf(stderr, "shim-bench: cannot load libcuda.so.1 (run with LD_LIBRARY_PATH=build/fakecuda): %s\n", dlerror());
-    std::exit(1);
-  }
+  void* driver = open_driver();
   g_direct = Api{"direct", must<AllocFn>(driver, "cuMemAlloc_v2"), must<FreeFn>(driver, "cuMemFree_v2"),
                  must<GetProcFn>(driver, "cuGetProcAddress_v2")};
   g_alloc_managed = must<CUresult (*)(CUdeviceptr*, size_t, unsigned)>(driver, "cuMemAllocManaged");
-  auto init = must<CUresult (*)(unsigned)>(driver, "cuInit");
-  auto retain = must<CUresult (*)(CUcontext*, CUdevice)>(driver, "cuDevicePrimaryCtxRetain");
-  auto set_current = must<CUresult (*)(CUcontext)>(driver, "cuCtxSetCurrent");
-  CUcontext ctx = nullptr;
-  if (init(0) != CUDA_SUCCESS || retain(&ctx, 0) != CUDA_SUCCESS || set_current(ctx) != CUDA_SUCCESS) {
-    std::fprintf(stderr, "shim-bench: driver initialisation failed\n");
-    std::exit(1);
-  }
-  void* shim = dlopen(SPILLWAY_SHIM_PATH, RTLD_NOW | RTLD_LOCAL);
-  if (shim == nullptr) {
-    std::fprintf(stderr, "shim-bench: cannot load %s: %s\n", SPILLWAY_SHIM_PATH, dlerror());
-    std::exit(1);
-  }
+  void* shim = open_shim(SPILLWAY_SHIM_PATH);
   g_shim = Api{"shim", must<AllocFn>(shim, "cuMemAlloc_v2"), must<FreeFn>(shim, "cuMemFree_v2"),
                must<GetProcFn>(shim, "cuGetProcAddress_v2")};
 }
