@@ -1,6 +1,8 @@
 #include "learned.h"
 
 #include <algorithm>
+#include <functional>
+#include <string_view>
 
 namespace spillway {
 
@@ -15,6 +17,8 @@ LearnedPolicy::LearnedPolicy(LearnedParams params) : p_(params) {
   p_.context = std::max<std::uint32_t>(1, p_.context);
   p_.max_log = std::max<std::uint32_t>(16, p_.max_log);
   recent_.assign(p_.context, 0);
+  p_.anchor_ages = std::min<std::uint32_t>(p_.anchor_ages, 254);
+  precision_.assign(p_.anchor_ages + 1, 1.0);  // trusted until seen to fail
   prefix_.push_back(0);
 }
 
@@ -37,8 +41,31 @@ void LearnedPolicy::on_free(const Block& block, Actions&) {
   if (block.bytes == 0) return;
   for (ChunkIndex c = chunk_of(block.base), last = chunk_of(block.end() - 1); c <= last; ++c) {
     auto it = chunks_.find(c);
-    if (it != chunks_.end() && it->second.blocks > 0) --it->second.blocks;
+    if (it == chunks_.end()) continue;
+    ChunkInfo& i = it->second;
+    if (i.blocks > 0) --i.blocks;
+    // The data its last touch left is dead: that touch's signature learns so.
+    if (i.sig != kNone) observe(i.sig, true, 0);
+    i.sig = kNone;
   }
+}
+
+// ---- signatures: what follows a touch by (kernel, argument position) ----
+
+std::uint32_t LearnedPolicy::signature(std::uint64_t name_hash, std::uint32_t position) {
+  std::uint64_t h = mix(name_hash, position);
+  auto [it, added] = sig_index_.try_emplace(h, static_cast<std::uint32_t>(sigs_.size()));
+  if (added) sigs_.emplace_back();
+  return it->second;
+}
+
+void LearnedPolicy::observe(std::uint32_t sig, bool dead, std::uint64_t distance) {
+  SigInfo& s = sigs_[sig];
+  // EWMA, weight 1/4 to the newest outcome (as the durations).
+  s.dead = 0.75 * s.dead + (dead ? 0.25 : 0.0);
+  if (dead) return;
+  const double d = static_cast<double>(distance);
+  s.reuse = s.reuse == 0 ? d : 0.75 * s.reuse + 0.25 * d;
 }
 
 // ---- ranking by predicted next use ----
@@ -52,8 +79,16 @@ void LearnedPolicy::set_next_use(ChunkIndex c, ChunkInfo& info, std::uint64_t nu
   info.nu = nu;
 }
 
+void LearnedPolicy::prefetch_outcome(ChunkInfo& info, bool used) {
+  if (info.pf_age == kNoAge) return;
+  double& p = precision_[info.pf_age];
+  p = 0.9375 * p + (used ? 0.0625 : 0.0);  // EWMA over ~16 prefetches
+  info.pf_age = kNoAge;
+}
+
 void LearnedPolicy::on_residency(ChunkIndex chunk, bool resident) {
   ChunkInfo& info = chunks_[chunk];
+  if (!resident) prefetch_outcome(info, false);  // left before the launch it was fetched for
   if (info.resident == resident) return;
   info.resident = resident;
   if (resident) {
@@ -71,9 +106,34 @@ bool LearnedPolicy::leave_remote(ChunkIndex chunk) {
   return it != chunks_.end() && it->second.remote == stamp_ && stamp_ != 0;
 }
 
+std::uint64_t LearnedPolicy::guess_next_use(const ChunkInfo& info) const {
+  if (info.sig == kNone) return 0;
+  const SigInfo& sg = sigs_[info.sig];
+  if (sg.dead > 0.5) return kFar;
+  if (sg.reuse <= 0) return 0;
+  // Twice the mean distance: a guess, ranked behind the exact predictions of the history
+  // and not taken for a misprediction while the usual reuse may still come.
+  return info.last_seq + std::max<std::uint64_t>(1, static_cast<std::uint64_t>(p_.guess_factor * sg.reuse + 0.5));
+}
+
+void LearnedPolicy::refresh_stale() {
+  // Resident chunks whose predicted use has passed without a touch: the history's prediction
+  // was wrong. What usually follows their last touch (its signature) decides whether they are
+  // still wanted; the others keep next use 0 (evicted first, and not looked at again).
+  for (auto it = resident_.lower_bound({1, 0}); it != resident_.end() && it->first < seq_;) {
+    const ChunkIndex c = it->second;
+    ChunkInfo& info = chunks_[c];
+    ++it;
+    const std::uint64_t g = guess_next_use(info);
+    prefetch_outcome(info, false);  // fetched for a launch that did not come
+    set_next_use(c, info, g > seq_ ? g : 0);
+  }
+}
+
 bool LearnedPolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) {
   if (budget_chunks_ == 0) budget_chunks_ = resident_.size();  // the Engine asks only when full
-  // 1. A chunk whose predicted use has passed without a touch: the prediction was wrong.
+  // 1. A chunk whose predicted use has passed without a touch (refresh_stale() found no
+  // other reason to keep it): the prediction was wrong.
   for (auto it = resident_.begin(); it != resident_.end() && it->first < seq_; ++it) {
     if (!query.pinned(it->second)) {
       *victim = it->second;
@@ -107,7 +167,10 @@ std::uint32_t LearnedPolicy::append(const Launch& launch) {
   }
   const std::uint32_t n = static_cast<std::uint32_t>(log_.size());
   Entry e{launch.exec_id, static_cast<std::uint32_t>(touches_.size()), 0};
+  std::uint32_t position = 0;
+  const std::uint64_t name_hash = replaying_ ? 0 : std::hash<std::string_view>{}(launch.name);
   for (const Access& a : launch.accesses) {
+    const std::uint32_t sig = replaying_ ? kNone : signature(name_hash, position++);
     if (a.bytes == 0) continue;
     for (ChunkIndex c = chunk_of(a.addr), last = chunk_of(a.addr + a.bytes - 1); c <= last; ++c) {
       ChunkInfo& info = chunks_[c];
@@ -116,6 +179,11 @@ std::uint32_t LearnedPolicy::append(const Launch& launch) {
       if (!first) {
         if (touches_[info.last_touch].entry == n) continue;  // already in this launch's footprint
         touches_[info.last_touch].next = t;
+      }
+      if (!replaying_) {
+        if (info.sig != kNone && info.touch_gen == info.gen) observe(info.sig, false, seq_ - info.last_seq);
+        info.sig = sig;
+        info.last_seq = seq_;
       }
       info.last_touch = t;
       const bool fresh = first || info.touch_gen != info.gen;
@@ -177,6 +245,7 @@ void LearnedPolicy::compact() {
   std::vector<std::uint64_t> recent_saved_ids = recent_;
   recent_count_ = 0;
   std::vector<Access> acc;
+  replaying_ = true;
   for (std::uint32_t i = keep_from; i < old_log.size(); ++i) {
     const Entry& e = old_log[i];
     acc.clear();
@@ -190,6 +259,7 @@ void LearnedPolicy::compact() {
       touches_[t].fresh = old_touches[o].fresh;
     }
   }
+  replaying_ = false;
   recent_count_ = recent_saved;
   recent_ = recent_saved_ids;
   hits_ = hits_saved;
@@ -225,6 +295,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   if (found != kNone) period_ = n - found;
   if (!in_step) ahead_ = seq_;  // a new position: the lookahead starts over
   prev_predicted_ = in_step;
+  streak_ = in_step ? streak_ + 1 : 0;
 
   // 1. The chunks this launch touches: used now; their next use is what followed the
   // matching entry in the history (the same chunks in the same order, as the execution id
@@ -234,18 +305,26 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   missing_.clear();
   for (std::uint32_t i = 0; i < cur.touch_end - cur.touch_begin; ++i) {
     const ChunkIndex c = touches_[cur.touch_begin + i].chunk;
+    ChunkInfo& info = chunks_[c];
     std::uint64_t nu = seq_ + std::max<std::uint64_t>(period_, 1);
     if (zip && touches_[log_[found].touch_begin + i].chunk == c) {
       const std::uint32_t nt = touches_[log_[found].touch_begin + i].next;
       // No later touch, or the next one is on a new block (this one is freed first): dead.
       nu = nt == kNone || touches_[nt].fresh ? kFar : seq_ + (touches_[nt].entry - found);
+    } else {
+      const std::uint64_t g = guess_next_use(info);
+      if (g != 0) {
+        nu = g;
+        ++sig_predicted_;
+      }
     }
-    ChunkInfo& info = chunks_[c];
     info.mark = stamp_ + kCurrent;
+    prefetch_outcome(info, info.nu >= seq_);  // used by the launch it was fetched for
     set_next_use(c, info, nu);
     if (!info.resident) missing_.emplace_back(c, zip);
   }
 
+  refresh_stale();
   // 2. Prefetch the predicted launches' chunks in order of need.
   std::int64_t free = budget_chunks_ == 0 ? INT64_MAX / 2
                                           : static_cast<std::int64_t>(budget_chunks_) - static_cast<std::int64_t>(resident_.size());
@@ -302,6 +381,16 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   if (found == kNone) return;
   const std::uint64_t base = prefix_[found + 1];  // predicted time from now = prefix_[q] - base
   std::uint64_t s = std::max(ahead_, seq_) + 1;
+  // Prefetch along the anchor only while the prefetches made from anchors of its age (launches
+  // in step since it was found) have mostly been used by the launch they were fetched for: a
+  // false match — an execution id that recurs in another context — prefetches data that is
+  // not needed then and evicts data that is. While refused, the estimate drifts back up, so
+  // prefetching is retried now and then.
+  const std::uint8_t age = static_cast<std::uint8_t>(std::min<std::uint64_t>(streak_, p_.anchor_ages));
+  if (double& pr = precision_[age]; pr < p_.min_precision) {
+    pr += p_.retry * (1.0 - pr);
+    return;
+  }
   const std::uint64_t last = std::min<std::uint64_t>(seq_ + p_.max_ahead, s + p_.max_scan - 1);
   for (; s <= last; ++s) {
     const std::uint64_t q = found + (s - seq_);
@@ -356,12 +445,12 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
       set_next_use(c, info, s);
       info.mark = stamp_ + kPlanned;
       actions.prefetch(info.addr, 1, Location::gpu);
+      info.pf_age = age;
       link_free_ns_ += chunk_ns;
     }
     if (stop) break;
   }
   ahead_ = s - 1;
-  for (const auto& [c, nu] : deferred_) set_next_use(c, chunks_[c], nu);
 }
 
 }  // namespace spillway

@@ -12,7 +12,11 @@
 //   * evict ("learned Belady"): the resident chunk whose predicted next use is furthest;
 //     chunks predicted inside the lookahead are never chosen while any other is available;
 //     a chunk whose predicted use has passed without it being touched is a misprediction and
-//     goes first.
+//     goes first, unless what usually follows its last touch says it is still wanted.
+// Where the history says nothing (no match, or a footprint that differs from it), a chunk's
+// next use is guessed from its signature — the kernel name and argument position of its last
+// touch — which learns from every chunk how soon data touched that way is used again, or
+// whether it is freed first (SHiP, Wu et al. MICRO 2011; Hawkeye, Jain & Lin ISCA 2016).
 // Everything it uses is what the Engine has shown it so far: no trace, no iteration marks.
 // Deterministic for a given event sequence. Not thread-safe (the Engine serialises calls).
 #pragma once
@@ -54,6 +58,26 @@ struct LearnedParams {
   std::uint32_t max_scan = 64;
   // Duration assumed for a launch never timed (ns): 10 us, a small kernel.
   std::uint64_t default_dur_ns = 10'000;
+  // Prefetching is trusted per anchor age (launches in step since the match was found,
+  // 0 .. anchor_ages, the last bucket holding every older anchor): the lookahead prefetches
+  // from an anchor only while an EWMA (weight 1/16) of "a prefetch made from an anchor of
+  // this age was used by the launch it was fetched for" is at least `min_precision`. A
+  // match found by resynchronisation can be false (an execution id that recurs in another
+  // context, e.g. decode steps whose tensors move to new addresses); prefetching along it
+  // fetches data not needed then and evicts data that is — on a busy link, worse than not
+  // prefetching at all. 8, the context length: ages past it are as sure as a context match.
+  std::uint32_t anchor_ages = 8;
+  // 1/2: a prefetch must be right more often than not.
+  double min_precision = 0.5;
+  // While prefetching is refused, the estimate moves this share of the way back to 1 per
+  // launch, so it is retried after a few hundred launches (a phase may have ended).
+  double retry = 1.0 / 1024;
+  // A chunk touched outside the history's prediction is ranked by its signature (kernel
+  // name, argument position): its next use is guessed at this many times the mean reuse
+  // distance that signature has shown. Above 1 so that a guess ranks behind an exact
+  // prediction of the same distance (it is evicted first) and is not taken for a
+  // misprediction the moment the mean distance has passed. 2: chosen before measuring.
+  double guess_factor = 2.0;
   // History kept, in launches; beyond it the older half is forgotten (memory bound). 2^20
   // launches hold hundreds of training steps of the largest traces we know.
   std::uint32_t max_log = 1u << 20;
@@ -76,11 +100,13 @@ class LearnedPolicy final : public Policy {
   std::uint64_t resyncs() const { return resyncs_; }  // matches found again after a divergence
   std::uint64_t remote_chunks() const { return remote_; }  // footprint chunks left for remote access
   std::uint64_t scanned() const { return scanned_; }  // predicted launches examined by the lookahead
+  std::uint64_t signature_predictions() const { return sig_predicted_; }  // next uses predicted by signature
   std::uint64_t budget_chunks() const { return budget_chunks_; }
 
  private:
   static constexpr std::uint32_t kNone = UINT32_MAX;
   static constexpr std::uint64_t kFar = UINT64_MAX / 4;  // "no predicted use"
+  static constexpr std::uint8_t kNoAge = 255;
   struct Touch {
     ChunkIndex chunk;
     std::uint32_t next;  // index in touches_ of the next touch of this chunk, or kNone
@@ -104,6 +130,17 @@ class LearnedPolicy final : public Policy {
     std::uint64_t nu = kFar;           // predicted next use (launch seq)
     std::uint64_t mark = 0;            // stamp_ + kind while this launch's plan holds it
     bool resident = false;             // in the Engine's plan (on_residency)
+    std::uint64_t last_seq = 0;        // launch seq of its last touch
+    std::uint32_t sig = kNone;         // signature of its last touch (index in sigs_), kNone: none since allocated
+    std::uint8_t pf_age = kNoAge;      // anchor age (streak) of the prefetch awaiting its use
+  };
+  // What follows a touch by one (kernel name, argument position) — the signature, the
+  // launch-level counterpart of a load's program counter in SHiP (Wu et al., MICRO 2011)
+  // and Hawkeye (Jain & Lin, ISCA 2016). Learned from every chunk: when it is touched again
+  // (reuse after `distance` launches) or its block is freed first (dead).
+  struct SigInfo {
+    double reuse = 0;   // EWMA of reuse distances, launches (0: none seen)
+    double dead = 0;    // EWMA of "freed before the next touch" (0..1)
   };
   enum Mark : std::uint64_t { kCurrent = 1, kPlanned = 2, kKept = 3 };  // mark = stamp_ + kind
 
@@ -111,6 +148,11 @@ class LearnedPolicy final : public Policy {
   std::uint32_t locate(std::uint32_t n, std::uint64_t exec_id);
   void compact();
   void set_next_use(ChunkIndex c, ChunkInfo& info, std::uint64_t nu);
+  std::uint32_t signature(std::uint64_t name_hash, std::uint32_t position);
+  std::uint64_t guess_next_use(const ChunkInfo& info) const;
+  void refresh_stale();
+  void observe(std::uint32_t sig, bool dead, std::uint64_t distance);
+  void prefetch_outcome(ChunkInfo& info, bool used);
   std::uint64_t dur_of(std::uint64_t exec_id) const;
 
   LearnedParams p_;
@@ -121,11 +163,18 @@ class LearnedPolicy final : public Policy {
   std::unordered_map<std::uint64_t, std::uint32_t> ctx_pos_;   // hash of last `context` ids -> entry
   std::unordered_map<std::uint64_t, std::uint32_t> id_pos_;    // exec id -> its last entry
   std::unordered_map<std::uint64_t, std::uint64_t> dur_;       // exec id -> learned duration (EWMA)
+  std::unordered_map<std::uint64_t, std::uint32_t> sig_index_; // signature hash -> index in sigs_
+  std::vector<SigInfo> sigs_;
+  std::uint64_t sig_predicted_ = 0;                            // unmatched touches ranked by signature
   std::vector<std::uint64_t> recent_;                          // last `context` exec ids (ring)
   std::uint64_t recent_count_ = 0;
 
   std::uint32_t match_ = kNone;   // log entry predicted to be the next launch
   std::uint64_t seq_ = 0;         // launches seen
+  bool replaying_ = false;        // compact() re-appends old entries: no touch outcomes
+  std::uint64_t streak_ = 0;      // consecutive launches in step with the history
+  // Per anchor age (streak, capped at anchor_ages): EWMA of "a prefetch made from it was used".
+  std::vector<double> precision_;
   std::uint64_t ahead_ = 0;       // predicted launches up to this seq have had their prefetches issued
   std::uint64_t period_ = 0;      // distance (launches) of the last match: the loop's length
   std::uint32_t anchor_ = kNone;  // the entry matched by the current launch (future seq s -> anchor_ + s - seq_)
@@ -141,11 +190,11 @@ class LearnedPolicy final : public Policy {
   std::vector<std::pair<ChunkIndex, std::uint64_t>> deferred_;  // next-use updates of resident chunks
   std::uint64_t hits_ = 0, resyncs_ = 0, scanned_ = 0, remote_ = 0;
   std::vector<std::pair<ChunkIndex, bool>> missing_;  // this launch's chunks not resident (predicted?)
-  double link_free_ns_ = 0;
+  double link_free_ns_ = 0;  // virtual link clock: when the prefetches issued so far arrive
   std::uint64_t prev_now_ = 0, prev_dur_ = 0;  // the previous launch's issue time and duration
-  bool prev_remote_ = false;
-  bool prev_predicted_ = false;  // the previous launch was in step with the history  // the previous launch left chunks remote
-  double stalled_ = 0;  // EWMA of "the previous launch waited for data" (link bound when > 1/2)  // virtual link clock: when the prefetches issued so far arrive
+  bool prev_remote_ = false;     // the previous launch left chunks remote
+  bool prev_predicted_ = false;  // the previous launch was in step with the history
+  double stalled_ = 0;  // EWMA of "the previous launch waited for data" (link bound when > 1/2)
 };
 
 }  // namespace spillway

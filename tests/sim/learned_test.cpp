@@ -280,46 +280,10 @@ class Logged final : public Policy {
   LearnedPolicy inner_;
 };
 
-// The simulator's loop (as run_cell) with the logged policy.
+// The simulator run with the logged policy: its decisions, in order.
 std::vector<std::string> decisions(const CompiledTrace& trace, const SimParams& params, LearnedParams lp = {}) {
   std::vector<std::string> log;
-  SimBackend backend(trace, params);
-  Config config;
-  config.budget = SizeSetting{params.capacity_bytes, 0.0, false};
-  config.max_managed = SizeSetting{~0ull >> 2, 0.0, false};
-  config.log_level = LogLevel::error;
-  Engine engine(config, backend, std::make_unique<Logged>(log, lp));
-  std::vector<std::uint64_t> addr_of(trace.blocks.size(), 0);
-  std::uint64_t seq = 0;
-  for (const Op& op : trace.ops) {
-    switch (op.kind) {
-      case Op::Kind::alloc: {
-        backend.expect_block(op.index);
-        EXPECT_TRUE(engine.allocate(trace.blocks[op.index].bytes, AllocKind::alloc, 0, &addr_of[op.index]).ok());
-        break;
-      }
-      case Op::Kind::free: {
-        bool ours = false;
-        engine.release(addr_of[op.index], std::nullopt, &ours);
-        break;
-      }
-      case Op::Kind::kernel: {
-        const KernelRecord& k = trace.kernels[op.index];
-        Launch l;
-        l.seq = seq++;
-        l.name = trace.names[k.name];
-        l.exec_id = k.exec_id;
-        l.accesses = std::span<const Access>(trace.accesses.data() + k.access_begin, k.access_end - k.access_begin);
-        l.dur_ns = k.dur_ns;
-        l.now_ns = backend.now();
-        engine.launch(l);
-        backend.run(op.index);
-        break;
-      }
-      case Op::Kind::host: backend.run(op.index); break;
-      case Op::Kind::iter: break;
-    }
-  }
+  run_cell(trace, std::make_unique<Logged>(log, lp), params);
   return log;
 }
 

@@ -36,7 +36,13 @@ CellResult run_cell(const CompiledTrace& trace, const std::string& policy_name, 
   if (policy_name == "oracle") future = make_future(trace, capacity_chunks);
   std::unique_ptr<Policy> policy = make_sim_policy(policy_name, &future);
   if (!policy) throw std::invalid_argument(fmt::format("unknown policy '{}'", policy_name));
+  return run_cell(trace, std::move(policy), params, spans, min_fetch_chunks);
+}
 
+CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,
+                    std::vector<Span>* spans, const std::uint64_t* min_fetch_chunks) {
+  const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
+  const std::string policy_name(policy->name());
   SimBackend backend(trace, params, spans != nullptr);
   Config config;
   config.policy = policy_name;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,11 @@ spillway::OracleFuture make_future(const CompiledTrace& trace, std::uint64_t cap
 // Throws std::invalid_argument for an unknown policy. Thread-safe for distinct calls (the
 // trace is only read).
 CellResult run_cell(const CompiledTrace& trace, const std::string& policy, const SimParams& params,
+                    std::vector<Span>* spans = nullptr, const std::uint64_t* min_fetch_chunks = nullptr);
+// The same with a policy instance the caller made (e.g. one wrapped to log its decisions,
+// or with non-default parameters). `policy` must not be null; the oracle's future must
+// outlive the call. Results name the policy by Policy::name().
+CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,
                     std::vector<Span>* spans = nullptr, const std::uint64_t* min_fetch_chunks = nullptr);
 
 // Writes `spans` as a Chrome/Perfetto trace-event JSON file (open in ui.perfetto.dev or
