@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -272,7 +273,10 @@ struct Footprint {
 };
 
 void collect(Engine& e, const FuncInfo& fn, void** params, void** extra, Footprint& fp) {
-  fp.exec_id = mix(0, reinterpret_cast<std::uintptr_t>(fn.function));
+  // The kernel's identity: its CUfunction, or for a runtime host stub the runtime could not
+  // map, the stub itself (distinct kernels must not share one id).
+  fp.exec_id = mix(0, fn.function != nullptr ? reinterpret_cast<std::uintptr_t>(fn.function)
+                                             : reinterpret_cast<std::uintptr_t>(fn.key));
   const unsigned char* buffer = nullptr;
   std::size_t buffer_size = 0;
   if (params == nullptr) {
@@ -354,6 +358,13 @@ std::array<DurSlot, kDurSlots>& dur_slots() {
   static auto* t = new std::array<DurSlot, kDurSlots>();
   return *t;
 }
+// The slot of an execution id: the top bits of a multiplicative hash. (Not exec_id %
+// kDurSlots: mix() leaves the low bits of an id independent of pointers whose own low bits
+// are zero, as allocations' are, so every launch of one kernel would share one slot.)
+DurSlot& dur_slot(std::uint64_t exec_id) {
+  static_assert((kDurSlots & (kDurSlots - 1)) == 0);
+  return dur_slots()[(exec_id * 0x9e3779b97f4a7c15ull) >> (64 - std::countr_zero(kDurSlots))];
+}
 
 struct Sample {
   std::uint64_t exec_id;
@@ -372,7 +383,7 @@ std::atomic<std::size_t> g_pending{0};
 
 // The last measured duration of `exec_id` (0 unknown), and whether to time this launch.
 std::uint64_t duration_of(std::uint64_t exec_id, bool* sample) {
-  DurSlot& s = dur_slots()[exec_id % kDurSlots];
+  DurSlot& s = dur_slot(exec_id);
   std::uint64_t key = exec_id | 1;  // 0 marks an empty slot
   if (s.key.load(std::memory_order_relaxed) != key) {
     s.key.store(key, std::memory_order_relaxed);
@@ -421,7 +432,7 @@ void poll_samples() {
     float ms = 0;
     if (r == CUDA_SUCCESS && real().cuEventElapsedTime_v2 != nullptr &&
         real().cuEventElapsedTime_v2(&ms, s.start, s.end) == CUDA_SUCCESS && ms >= 0) {
-      DurSlot& slot = dur_slots()[s.exec_id % kDurSlots];
+      DurSlot& slot = dur_slot(s.exec_id);
       if (slot.key.load(std::memory_order_relaxed) == (s.exec_id | 1)) {
         slot.dur.store(std::max<std::uint64_t>(1, static_cast<std::uint64_t>(ms * 1e6)), std::memory_order_relaxed);
       }

@@ -217,5 +217,113 @@ TEST(Launch, BadTracePathIsOneLineAndTheProgramRuns) {
   EXPECT_NE(r.out.find("ok"), std::string::npos);
 }
 
+// The capture rule under the learned policy, which prefetches ahead of the launches it
+// predicts: still nothing on the capturing stream.
+TEST(Launch, NothingIsIssuedOnACapturingStreamUnderLearned) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"capture"}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"},
+                                                {"FAKECUDA_LOG", dir + "/log"},
+                                                {"SPILLWAY_POLICY", "learned"},
+                                                {"SPILLWAY_BUDGET", "2MiB"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  std::string log = read_file(dir + "/log");
+  for (const std::string& line : lines_with(log, "capturing=1")) {
+    std::string fn = line.substr(0, line.find(' '));
+    EXPECT_TRUE(fn == "cuLaunchKernel" || fn == "cuStreamEndCapture" || fn == "cuStreamIsCapturing")
+        << "the shim issued on a capturing stream: " << line;
+  }
+  EXPECT_FALSE(lines_with(log, "cuMemPrefetchAsync_v2 ").empty()) << "learned issued nothing at all";
+  EXPECT_EQ(read_trace(dir + "/t.jsonl").kernels().size(), 3u);
+}
+
+// Durations are sampled once per execution id (kernel + its pointers), and later launches of
+// that id carry the measured duration: 8 blocks cycled 4 times are 8 ids. (Execution ids of
+// one kernel on different blocks differ only in bits above the blocks' alignment.)
+TEST(Launch, DurationsAreSampledOncePerExecutionId) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"cycle", "4", "8"}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"},
+                                                        {"FAKECUDA_LOG", dir + "/log"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(lines_with(read_file(dir + "/log"), "cuEventElapsedTime_v2 ").size(), 8u);
+  auto k = read_trace(dir + "/t.jsonl").kernels();
+  ASSERT_EQ(k.size(), 32u);
+  for (std::size_t i = 8; i < k.size(); ++i) EXPECT_GT(k[i].value("dur_ns", 0u), 0u) << i << ": " << k[i].dump();
+}
+
+// ---- the runtime's launches: cudaLaunchKernel, cudaLaunchKernelExC (+ _ptsz) ---------------
+// tests/programs/runtime_launches makes four launches through the fake libcudart, which
+// launches through the driver entry points it got from cuGetProcAddress (the shim's hooks).
+
+RunResult runtime_launches(const std::vector<std::string>& args, const Env& env) {
+  std::vector<std::string> argv{kPrograms + "/runtime_launches"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv, env);
+}
+
+// The driver launches the runtime made, in order (from FAKECUDA_LOG); " failed" appended
+// to one that did not succeed.
+std::vector<std::string> driver_launches(const std::string& log) {
+  std::vector<std::string> out;
+  for (const std::string& line : split_lines(log)) {
+    if (line.rfind("cuLaunch", 0) != 0) continue;
+    bool ok = line.size() >= 5 && line.compare(line.size() - 5, 5, " -> 0") == 0;
+    out.push_back(line.substr(0, line.find(' ')) + (ok ? "" : " failed"));
+  }
+  return out;
+}
+
+const std::vector<std::string> kRuntimeDriverLaunches{"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel_ptsz",
+                                                      "cuLaunchKernelEx_ptsz"};
+
+TEST(RuntimeLaunch, EachLaunchIsObservedOnceWithItsFootprint) {
+  std::string dir = temp_dir();
+  RunResult r = runtime_launches({}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"},
+                                               {"FAKECUDA_LOG", dir + "/log"},
+                                               {"SPILLWAY_LOG", "debug"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);  // the program checked its data
+  std::string log = read_file(dir + "/log");
+  EXPECT_EQ(driver_launches(log), kRuntimeDriverLaunches);
+  // The shim mapped the stubs to their CUfunctions and read their layouts.
+  EXPECT_NE(r.err.find("cudaGetFuncBySymbol found"), std::string::npos) << r.err;
+  EXPECT_FALSE(lines_with(log, "cuFuncGetParamInfo ").empty());
+  std::uint64_t a = hex(field(r.out, "A")), b = hex(field(r.out, "B")), c = hex(field(r.out, "C"));
+  Trace t = read_trace(dir + "/t.jsonl");
+  ASSERT_EQ(t.id_of_addr.count(a) + t.id_of_addr.count(b) + t.id_of_addr.count(c), 3u);
+  std::uint64_t ia = t.id_of_addr[a], ib = t.id_of_addr[b], ic = t.id_of_addr[c];
+  auto k = t.kernels();
+  // Four, not eight: the driver launch under each runtime launch is not observed again.
+  ASSERT_EQ(k.size(), 4u) << read_file(dir + "/t.jsonl");
+  using R = std::set<std::vector<std::uint64_t>>;
+  EXPECT_EQ(reads(k[0]), (R{{ia, 0, 0}})) << k[0].dump();                  // cudaLaunchKernel
+  EXPECT_EQ(reads(k[1]), (R{{ic, 0, 0}, {ia, 0, 0}})) << k[1].dump();      // cudaLaunchKernelExC
+  EXPECT_EQ(reads(k[2]), (R{{ib, 0, 0}})) << k[2].dump();                  // cudaLaunchKernel_ptsz
+  EXPECT_EQ(reads(k[3]), (R{{ib, 2u << 20, 4u << 20}})) << k[3].dump();    // cudaLaunchKernelExC_ptsz, by-value struct
+  EXPECT_EQ(k[0]["name"], k[2]["name"]);  // one kernel (fill_u32) through both forms
+}
+
+// Without a CUfunction for the stub (cudaGetFuncBySymbol fails, or the runtime has none) the
+// shim still observes each runtime launch once, with an empty footprint (the args array's
+// length is unknown), and the program runs unchanged.
+class RuntimeLaunchFallback : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RuntimeLaunchFallback, EachLaunchIsObservedOnceWithoutAFootprint) {
+  bool absent = GetParam();
+  std::string dir = temp_dir();
+  Env env = fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"}, {"FAKECUDA_LOG", dir + "/log"}, {"SPILLWAY_LOG", "debug"}});
+  if (absent) env["LD_LIBRARY_PATH"] = kFakeDir + "/no-get-func:" + kFakeDir;
+  RunResult r = runtime_launches(absent ? std::vector<std::string>{} : std::vector<std::string>{"--unresolvable"}, env);
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_NE(r.err.find(absent ? "cudaGetFuncBySymbol missing" : "cudaGetFuncBySymbol failed"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(driver_launches(read_file(dir + "/log")), kRuntimeDriverLaunches);
+  auto k = read_trace(dir + "/t.jsonl").kernels();
+  ASSERT_EQ(k.size(), 4u) << read_file(dir + "/t.jsonl");
+  for (const auto& e : k) EXPECT_TRUE(e.value("reads", nlohmann::json::array()).empty()) << e.dump();
+}
+
+INSTANTIATE_TEST_SUITE_P(GetFuncBySymbol, RuntimeLaunchFallback, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Absent" : "Fails"; });
+
 }  // namespace
 }  // namespace spillway::test

@@ -89,9 +89,16 @@ void load_config() {
       bad_value("FAKECUDA_FAIL", v, "no injected failures");
     }
   }
+  if (const char* v = std::getenv("FAKECUDA_GPU_MEMORY"); v && *v) {
+    uint64_t n = 0;
+    if (parse_u64(v, &n) && n >= (uint64_t{1} << kChunkShift)) c.gpu_memory = n;
+    else bad_value("FAKECUDA_GPU_MEMORY", v, "no residency model");
+  }
+  if (const char* v = std::getenv("FAKECUDA_STATS"); v && *v) c.stats_path = v;
   int old_fd = g_config.log_fd;
   g_config = std::move(c);
   if (old_fd >= 0) ::close(old_fd);
+  residency_reset(g_config);
   std::lock_guard lock(g_fail_mutex);
   g_call_counts.clear();
 }
@@ -236,12 +243,23 @@ CUresult alloc(Kind kind, size_t size, CUdeviceptr* out, CUmemoryPool pool) {
   if (counts_as_device(kind) && !reserve_device_bytes(size)) return CUDA_ERROR_OUT_OF_MEMORY;
   size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   size_t len = (size + page - 1) / page * page;
-  void* m = len < size ? MAP_FAILED
-                       : ::mmap(nullptr, len, PROT_READ | PROT_WRITE,
-                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // With the residency model, managed memory starts on a chunk (2 MiB) boundary, as the
+  // real driver's managed allocations do: over-reserve, then trim both ends.
+  size_t align = kind == Kind::Managed && config().gpu_memory ? size_t{1} << kChunkShift : page;
+  size_t extra = align - page;
+  void* m = len < size || len + extra < len
+                ? MAP_FAILED
+                : ::mmap(nullptr, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                         -1, 0);
   if (m == MAP_FAILED) {
     if (counts_as_device(kind)) release_device_bytes(size);
     return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (extra) {
+    uintptr_t start = reinterpret_cast<uintptr_t>(m), base = (start + align - 1) / align * align;
+    if (base > start) ::munmap(m, base - start);
+    if (start + extra > base) ::munmap(reinterpret_cast<void*>(base + len), start + extra - base);
+    m = reinterpret_cast<void*>(base);
   }
   Alloc a;
   a.base = reinterpret_cast<uintptr_t>(m);
@@ -250,9 +268,12 @@ CUresult alloc(Kind kind, size_t size, CUdeviceptr* out, CUmemoryPool pool) {
   a.map = m;
   a.map_len = len;
   a.pool = pool;
-  std::lock_guard lock(g_alloc_mutex);
-  a.id = g_next_id++;
-  g_allocs[a.base] = a;
+  {
+    std::lock_guard lock(g_alloc_mutex);
+    a.id = g_next_id++;
+    g_allocs[a.base] = a;
+  }
+  if (kind == Kind::Managed) residency_alloc(a.base, a.size);
   *out = a.base;
   return CUDA_SUCCESS;
 }
@@ -267,8 +288,19 @@ CUresult release(uintptr_t base, bool (*accept)(Kind)) {
     g_allocs.erase(it);
     if (counts_as_device(a.kind)) g_device_bytes -= a.size;
   }
+  if (a.kind == Kind::Managed) residency_free(a.base, a.size);
   if (a.map) ::munmap(a.map, a.map_len);
   return CUDA_SUCCESS;
+}
+
+bool managed_overlaps(uintptr_t lo, uintptr_t hi) {
+  std::lock_guard lock(g_alloc_mutex);
+  for (auto it = g_allocs.lower_bound(hi); it != g_allocs.begin();) {
+    --it;  // allocations starting below hi, from the highest down; they do not overlap each other
+    if (it->second.base + it->second.size <= lo) return false;
+    if (it->second.kind == Kind::Managed) return true;
+  }
+  return false;
 }
 
 bool find(uintptr_t p, Alloc* out) {

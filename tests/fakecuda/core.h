@@ -1,6 +1,7 @@
 // fakecuda core: the state behind the fake CUDA driver (libcuda.so.1) used by Spillway's
 // GPU-less tests — configuration from FAKECUDA_* variables, the per-call log and failure
-// injection, the allocation registry, contexts, streams, events and modules.
+// injection, the allocation registry, contexts, streams, events and modules, and the
+// optional simulated GPU residency of managed memory (FAKECUDA_GPU_MEMORY, residency.cpp).
 // Types and constants come from the CUDA 13.0 cuda.h; behaviour follows the driver API
 // reference (see README.md in this directory for what is faked and what is left out).
 #pragma once
@@ -35,6 +36,8 @@ struct Config {
   bool async = false;                      // FAKECUDA_ASYNC
   int log_fd = -1;                         // FAKECUDA_LOG (O_APPEND)
   std::vector<FailRule> fail;              // FAKECUDA_FAIL
+  uint64_t gpu_memory = 0;                 // FAKECUDA_GPU_MEMORY: 0 = no residency model
+  std::string stats_path;                  // FAKECUDA_STATS: residency counters at exit
 };
 const Config& config();
 void reload_config();  // re-reads the environment (tests); resets failure counters
@@ -108,6 +111,24 @@ bool remove_vmm_mapping(uintptr_t base);
 uint64_t device_bytes_used();
 bool reserve_device_bytes(size_t n);  // VMM physical handles
 void release_device_bytes(size_t n);
+// Whether any live managed allocation overlaps [lo, hi).
+bool managed_overlaps(uintptr_t lo, uintptr_t hi);
+
+// ---- simulated GPU residency (residency.cpp; only while FAKECUDA_GPU_MEMORY is set) ------
+// Per 2 MiB chunk of the address space (address >> 21, the driver's VA block), for managed
+// memory only: fresh (never touched), on the CPU, or on the GPU. The GPU holds
+// FAKECUDA_GPU_MEMORY / 2 MiB chunks; past that the oldest-migrated chunk not used by the
+// current operation is evicted to the CPU (uvm_pmm_gpu.c's root-chunk list, updated on
+// migration, not on access). Every call is a no-op while the model is off.
+constexpr uint64_t kChunkShift = 21;
+void residency_reset(const Config& cfg);                     // config (re)load: forget all
+void residency_alloc(uintptr_t base, size_t size);           // managed allocation made
+void residency_free(uintptr_t base, size_t size);            // managed allocation released
+void residency_prefetch(uintptr_t p, size_t n, bool to_gpu); // cuMemPrefetchAsync, executed
+void residency_advise(uintptr_t p, size_t n, CUmem_advise advice, bool device);  // cuMemAdvise, accepted
+// A launch that executes: `blocks` are the managed allocations (base, size) its parameter
+// words point into; every chunk of each is touched on the GPU.
+void residency_launch(const std::vector<std::pair<uintptr_t, size_t>>& blocks);
 
 // ---- contexts ----------------------------------------------------------------------------
 CUcontext primary_context();

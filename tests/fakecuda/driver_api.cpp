@@ -38,10 +38,11 @@ bool capturing(Stream* s) {
 }
 
 // Stream-ordered work: captured work is only logged; otherwise it is queued (FAKECUDA_ASYNC)
-// or completed at once.
-void submit(Stream* s, Stream::Op op = {}) {
+// or completed at once. Returns whether the work is executed (not captured).
+bool submit(Stream* s, Stream::Op op = {}) {
   std::lock_guard lock(stream_mutex());
   if (!s->capturing) enqueue(s, op);
+  return !s->capturing;
 }
 
 // ---- allocation helpers ----------------------------------------------------------------
@@ -101,7 +102,7 @@ CUresult prefetch(Call& c, CUdeviceptr p, size_t n, CUmemLocation loc, unsigned 
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   if (!covers(p, n, managed_kind)) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_location(loc)) return CUDA_ERROR_INVALID_DEVICE;
-  submit(s);
+  if (submit(s)) residency_prefetch(p, n, loc.type == CU_MEM_LOCATION_TYPE_DEVICE);
   return CUDA_SUCCESS;
 }
 
@@ -124,6 +125,7 @@ CUresult advise(Call& c, CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLoca
     return CUDA_ERROR_INVALID_VALUE;
   bool needs_location = advice != CU_MEM_ADVISE_SET_READ_MOSTLY && advice != CU_MEM_ADVISE_UNSET_READ_MOSTLY;
   if (needs_location && !valid_location(loc)) return CUDA_ERROR_INVALID_DEVICE;
+  residency_advise(p, n, advice, loc.type == CU_MEM_LOCATION_TYPE_DEVICE);
   return CUDA_SUCCESS;
 }
 
@@ -187,6 +189,25 @@ bool device_range(uint64_t p, uint64_t count) {
   return count == 0 || covers(p, count * 4, gpu_visible);
 }
 
+// The managed allocations that the 8-byte-aligned words of the parameters (of 8 bytes or
+// more; `offsets` in the kernel's layout) point into, each once: what the residency model
+// touches.
+std::vector<std::pair<uintptr_t, size_t>> managed_arguments(const Function& fn,
+                                                            const std::vector<const unsigned char*>& bytes) {
+  std::vector<std::pair<uintptr_t, size_t>> blocks;
+  for (size_t i = 0; i < fn.sizes.size(); ++i) {
+    for (size_t o = (8 - fn.offsets[i] % 8) % 8; o + 8 <= fn.sizes[i]; o += 8) {
+      uint64_t word = 0;
+      std::memcpy(&word, bytes[i] + o, 8);
+      Alloc a;
+      if (!find(word, &a) || !managed_kind(a.kind)) continue;
+      std::pair<uintptr_t, size_t> b{a.base, a.size};
+      if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) blocks.push_back(b);
+    }
+  }
+  return blocks;
+}
+
 // Executes a launch on the CPU; the kernel's behaviour is chosen by its name.
 CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUstream stream,
                 void** params, void** extra) {
@@ -215,11 +236,13 @@ CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUst
     else return CUDA_ERROR_INVALID_VALUE;
   }
   std::vector<uint64_t> values;
+  std::vector<const unsigned char*> bytes;
   for (size_t i = 0; i < fn->sizes.size(); ++i) {
     const unsigned char* p = nullptr;
     if (params) p = static_cast<const unsigned char*>(params[i]);
     else if (buffer && fn->offsets[i] + fn->sizes[i] <= buffer_size) p = buffer + fn->offsets[i];
     if (!p) return CUDA_ERROR_INVALID_VALUE;
+    bytes.push_back(p);
     values.push_back(load_le(p, fn->sizes[i]));
     char key[24];
     std::snprintf(key, sizeof key, "p%zu", i);
@@ -253,7 +276,7 @@ CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUst
     auto* y = reinterpret_cast<const uint32_t*>(b);
     for (uint64_t i = 0; i < count; ++i) d[i] = x[i] + y[i];
   }
-  submit(s);
+  if (submit(s) && config().gpu_memory) residency_launch(managed_arguments(*fn, bytes));
   return CUDA_SUCCESS;
 }
 

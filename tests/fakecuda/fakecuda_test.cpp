@@ -17,13 +17,12 @@
 #include <atomic>
 #include <vector>
 
-extern "C" void fakecuda_reload_config(void);
-extern "C" int fakecuda_last_launch(char* name, size_t name_len, uint64_t* params, size_t max);
+#include "fakecuda.h"
 
 namespace {
 
 const char* const kVars[] = {"FAKECUDA_TOTAL_MEMORY", "FAKECUDA_CONCURRENT_MANAGED_ACCESS", "FAKECUDA_ASYNC",
-                             "FAKECUDA_LOG", "FAKECUDA_FAIL"};
+                             "FAKECUDA_LOG", "FAKECUDA_FAIL", "FAKECUDA_GPU_MEMORY", "FAKECUDA_STATS"};
 
 void* driver() {
   static void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -480,6 +479,283 @@ TEST_F(FakeCuda, RuntimeUsesGetProcAddress) {
   rt_free(dev);
   rt_free(managed);
   rt_free(async);
+}
+
+// ---- the residency model (FAKECUDA_GPU_MEMORY) ---------------------------------------------
+
+TEST_F(FakeCuda, ResidencyModelIsOffByDefault) {
+  fakecuda_residency_stats_t st{};
+  st.faults = 99;
+  EXPECT_EQ(fakecuda_residency_stats(&st), -1);
+  EXPECT_EQ(st.faults, 0u);
+  EXPECT_EQ(st.capacity_chunks, 0u);
+  CUmodule mod = nullptr;
+  CUfunction fill = nullptr;
+  ASSERT_EQ(cuModuleLoadData(&mod, "fill_u32(8,8,4)"), CUDA_SUCCESS);
+  ASSERT_EQ(cuModuleGetFunction(&fill, mod, "fill_u32"), CUDA_SUCCESS);
+  CUdeviceptr a = 0;
+  ASSERT_EQ(cuMemAllocManaged(&a, 2 << 20, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  uint64_t count = 16;
+  unsigned value = 1;
+  void* args[] = {&a, &count, &value};
+  ASSERT_EQ(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(fakecuda_chunk_location(a), -1);
+  EXPECT_EQ(fakecuda_residency_stats(&st), -1);
+  EXPECT_EQ(st.launches, 0u);
+  EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+  EXPECT_EQ(cuModuleUnload(mod), CUDA_SUCCESS);
+
+  setenv("FAKECUDA_GPU_MEMORY", "1000", 1);  // less than one chunk
+  testing::internal::CaptureStderr();
+  fakecuda_reload_config();
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err, "fakecuda: ignoring bad FAKECUDA_GPU_MEMORY='1000', using no residency model\n");
+  EXPECT_EQ(fakecuda_residency_stats(&st), -1);
+}
+
+// A GPU of 4 chunks (8 MiB) and 2 MiB managed blocks, each exactly one chunk.
+class FakeResidency : public FakeCuda {
+ protected:
+  void SetUp() override {
+    FakeCuda::SetUp();
+    Configure("FAKECUDA_GPU_MEMORY", "8388608");
+    ASSERT_EQ(cuModuleLoadData(&mod_, "fill_u32(8,8,4);add_u32(8,8,8,8);pair_k(24)"), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleGetFunction(&fill_, mod_, "fill_u32"), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleGetFunction(&add_, mod_, "add_u32"), CUDA_SUCCESS);
+    ASSERT_EQ(cuModuleGetFunction(&pair_, mod_, "pair_k"), CUDA_SUCCESS);
+  }
+  void TearDown() override {
+    for (CUdeviceptr p : blocks_) cuMemFree_v2(p);
+    cuModuleUnload(mod_);
+    FakeCuda::TearDown();
+  }
+  CUdeviceptr Block() {
+    CUdeviceptr p = 0;
+    EXPECT_EQ(cuMemAllocManaged(&p, 2 << 20, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    EXPECT_EQ(p % (2 << 20), 0u) << "managed memory starts on a chunk boundary under the model";
+    blocks_.push_back(p);
+    return p;
+  }
+  void Fill(CUdeviceptr p) {
+    uint64_t count = 16;
+    unsigned value = 3;
+    void* args[] = {&p, &count, &value};
+    ASSERT_EQ(cuLaunchKernel(fill_, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr), CUDA_SUCCESS);
+  }
+  void Add(CUdeviceptr dst, CUdeviceptr src) {
+    uint64_t count = 16;
+    void* args[] = {&dst, &src, &src, &count};
+    ASSERT_EQ(cuLaunchKernel(add_, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr), CUDA_SUCCESS);
+  }
+  void Prefetch(CUdeviceptr p, bool to_gpu) {
+    CUmemLocation loc{to_gpu ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST, 0};
+    ASSERT_EQ(cuMemPrefetchAsync_v2(p, 2 << 20, loc, 0, nullptr), CUDA_SUCCESS);
+  }
+  fakecuda_residency_stats_t Stats() {
+    fakecuda_residency_stats_t st{};
+    EXPECT_EQ(fakecuda_residency_stats(&st), 0);
+    return st;
+  }
+  CUmodule mod_ = nullptr;
+  CUfunction fill_ = nullptr, add_ = nullptr, pair_ = nullptr;
+  std::vector<CUdeviceptr> blocks_;
+};
+
+TEST_F(FakeResidency, FreshFirstTouchPopulatesWithoutAFault) {
+  CUdeviceptr a = Block();
+  EXPECT_EQ(fakecuda_chunk_location(a), FAKECUDA_CHUNK_FRESH);
+  Fill(a);
+  EXPECT_EQ(fakecuda_chunk_location(a + (1 << 20)), FAKECUDA_CHUNK_GPU);
+  fakecuda_residency_stats_t st = Stats();
+  EXPECT_EQ(st.capacity_chunks, 4u);
+  EXPECT_EQ(st.launches, 1u);
+  EXPECT_EQ(st.populated, 1u);
+  EXPECT_EQ(st.faults, 0u);
+  EXPECT_EQ(st.resident_chunks, 1u);
+  Fill(a);  // resident: nothing happens
+  EXPECT_EQ(Stats().faults, 0u);
+  // Memory the model does not cover: device allocations, host pointers, plain values.
+  CUdeviceptr dev = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&dev, 2 << 20), CUDA_SUCCESS);
+  EXPECT_EQ(fakecuda_chunk_location(dev), -1);
+  Fill(dev);
+  EXPECT_EQ(Stats().resident_chunks, 1u);
+  EXPECT_EQ(cuMemFree_v2(dev), CUDA_SUCCESS);
+}
+
+TEST_F(FakeResidency, FaultOnFirstUseAfterEviction) {
+  CUdeviceptr a = Block();
+  Fill(a);
+  Prefetch(a, false);
+  EXPECT_EQ(fakecuda_chunk_location(a), FAKECUDA_CHUNK_CPU);
+  EXPECT_EQ(Stats().prefetched_out, 1u);
+  EXPECT_EQ(Stats().resident_chunks, 0u);
+  Fill(a);
+  EXPECT_EQ(fakecuda_chunk_location(a), FAKECUDA_CHUNK_GPU);
+  fakecuda_residency_stats_t st = Stats();
+  EXPECT_EQ(st.faults, 1u);
+  EXPECT_EQ(st.populated, 1u);
+  EXPECT_EQ(st.driver_evictions, 0u);
+}
+
+TEST_F(FakeResidency, NoFaultAfterPrefetch) {
+  CUdeviceptr a = Block(), b = Block();
+  Prefetch(a, false);  // fresh: populated on the CPU, no migration
+  EXPECT_EQ(fakecuda_chunk_location(a), FAKECUDA_CHUNK_CPU);
+  EXPECT_EQ(Stats().prefetched_out, 0u);
+  Prefetch(a, true);
+  EXPECT_EQ(fakecuda_chunk_location(a), FAKECUDA_CHUNK_GPU);
+  Fill(a);  // right after its prefetch: no fault, but late
+  fakecuda_residency_stats_t st = Stats();
+  EXPECT_EQ(st.prefetched_in, 1u);
+  EXPECT_EQ(st.faults, 0u);
+  EXPECT_EQ(st.late_prefetches, 1u);
+  Prefetch(a, false);
+  Prefetch(a, true);
+  Fill(b);  // a kernel between the prefetch and the use: on time
+  Fill(a);
+  st = Stats();
+  EXPECT_EQ(st.prefetched_in, 2u);
+  EXPECT_EQ(st.faults, 0u);
+  EXPECT_EQ(st.late_prefetches, 1u);
+  // A prefetch on a capturing stream is not executed.
+  CUstream s = nullptr;
+  ASSERT_EQ(cuStreamCreate(&s, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUmemLocation host{CU_MEM_LOCATION_TYPE_HOST, 0};
+  EXPECT_EQ(cuMemPrefetchAsync_v2(a, 2 << 20, host, 0, s), CUDA_SUCCESS);
+  CUgraph g = nullptr;
+  ASSERT_EQ(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+  EXPECT_EQ(fakecuda_chunk_location(a), FAKECUDA_CHUNK_GPU);
+  cuGraphDestroy(g);
+  cuStreamDestroy_v2(s);
+}
+
+TEST_F(FakeResidency, TheOldestMigratedChunkIsEvicted) {
+  CUdeviceptr b[5];
+  for (CUdeviceptr& p : b) p = Block();
+  for (int i = 0; i < 4; ++i) Fill(b[i]);  // migration order 0, 1, 2, 3
+  Fill(b[0]);                              // an access does not reorder
+  Fill(b[4]);                              // full: the oldest migrated (b0) goes
+  EXPECT_EQ(fakecuda_chunk_location(b[0]), FAKECUDA_CHUNK_CPU);
+  for (int i = 1; i < 5; ++i) EXPECT_EQ(fakecuda_chunk_location(b[i]), FAKECUDA_CHUNK_GPU) << i;
+  EXPECT_EQ(Stats().driver_evictions, 1u);
+  // b0 faults back in; the oldest (b1) is in use by the same launch, so b2 goes.
+  Add(b[1], b[0]);
+  EXPECT_EQ(fakecuda_chunk_location(b[2]), FAKECUDA_CHUNK_CPU);
+  EXPECT_EQ(fakecuda_chunk_location(b[0]), FAKECUDA_CHUNK_GPU);
+  EXPECT_EQ(fakecuda_chunk_location(b[1]), FAKECUDA_CHUNK_GPU);
+  fakecuda_residency_stats_t st = Stats();
+  EXPECT_EQ(st.faults, 1u);
+  EXPECT_EQ(st.driver_evictions, 2u);
+  EXPECT_EQ(st.resident_chunks, 4u);
+  // A prefetch onto a full GPU evicts too.
+  Prefetch(b[2], true);
+  EXPECT_EQ(fakecuda_chunk_location(b[1]), FAKECUDA_CHUNK_CPU);
+  EXPECT_EQ(Stats().driver_evictions, 3u);
+}
+
+TEST_F(FakeResidency, PreferredLocationCpuAndAccessedByGpuReadRemotely) {
+  CUdeviceptr a = Block(), fresh = Block();
+  Fill(a);
+  Prefetch(a, false);
+  CUmemLocation host{CU_MEM_LOCATION_TYPE_HOST, 0}, gpu{CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  for (CUdeviceptr p : {a, fresh}) {
+    ASSERT_EQ(cuMemAdvise_v2(p, 2 << 20, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host), CUDA_SUCCESS);
+    ASSERT_EQ(cuMemAdvise_v2(p, 2 << 20, CU_MEM_ADVISE_SET_ACCESSED_BY, gpu), CUDA_SUCCESS);
+  }
+  Fill(a);  // read over the link: no fault, no migration
+  Fill(fresh);
+  EXPECT_EQ(fakecuda_chunk_location(a), FAKECUDA_CHUNK_CPU);
+  EXPECT_EQ(fakecuda_chunk_location(fresh), FAKECUDA_CHUNK_CPU);  // populated where it is preferred
+  fakecuda_residency_stats_t st = Stats();
+  EXPECT_EQ(st.remote_accesses, 2u);
+  EXPECT_EQ(st.faults, 0u);
+  EXPECT_EQ(st.populated, 2u);
+  Prefetch(a, true);  // a prefetch still migrates
+  EXPECT_EQ(fakecuda_chunk_location(a), FAKECUDA_CHUNK_GPU);
+  ASSERT_EQ(cuMemAdvise_v2(fresh, 2 << 20, CU_MEM_ADVISE_UNSET_ACCESSED_BY, gpu), CUDA_SUCCESS);
+  Fill(fresh);  // no mapping any more: a fault
+  st = Stats();
+  EXPECT_EQ(st.faults, 1u);
+  EXPECT_EQ(st.remote_accesses, 2u);
+}
+
+TEST_F(FakeResidency, PointersInsideByValueStructsTouchTheirBlocks) {
+  CUdeviceptr a = 0;
+  ASSERT_EQ(cuMemAllocManaged(&a, 6 << 20, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  blocks_.push_back(a);
+  struct {
+    uint64_t count;
+    CUdeviceptr inner;  // into the middle: the whole allocation is touched
+    uint64_t seven;
+  } s{1, a + (3 << 20), 7};
+  void* args[] = {&s};
+  ASSERT_EQ(cuLaunchKernel(pair_, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr), CUDA_SUCCESS);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(fakecuda_chunk_location(a + (uint64_t(i) << 21)), FAKECUDA_CHUNK_GPU) << i;
+  fakecuda_residency_stats_t st = Stats();
+  EXPECT_EQ(st.populated, 3u);
+  EXPECT_EQ(st.resident_chunks, 3u);
+  // A freed allocation leaves the GPU without a migration; its chunks come back fresh.
+  ASSERT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+  blocks_.clear();
+  st = Stats();
+  EXPECT_EQ(st.resident_chunks, 0u);
+  EXPECT_EQ(st.prefetched_out + st.driver_evictions, 0u);
+}
+
+// ---- the runtime's kernel launches --------------------------------------------------------------
+
+TEST_F(FakeCuda, RuntimeLaunchesRegisteredStubs) {
+  StartLog();
+  void* rt = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(rt, nullptr) << dlerror();
+  auto rt_launch = reinterpret_cast<decltype(&cudaLaunchKernel)>(dlsym(rt, "cudaLaunchKernel"));
+  auto rt_launch_ptsz = reinterpret_cast<decltype(&cudaLaunchKernel)>(dlsym(rt, "cudaLaunchKernel_ptsz"));
+  auto rt_launch_ex = reinterpret_cast<decltype(&cudaLaunchKernelExC)>(dlsym(rt, "cudaLaunchKernelExC"));
+  auto rt_get = reinterpret_cast<decltype(&cudaGetFuncBySymbol)>(dlsym(rt, "cudaGetFuncBySymbol"));
+  auto rt_register = reinterpret_cast<decltype(&fakecudart_register_stub)>(dlsym(rt, "fakecudart_register_stub"));
+  ASSERT_TRUE(rt_launch && rt_launch_ptsz && rt_launch_ex && rt_get && rt_register);
+  CUmodule mod = nullptr;
+  CUfunction fill = nullptr;
+  ASSERT_EQ(cuModuleLoadData(&mod, "fill_u32(8,8,4)"), CUDA_SUCCESS);
+  ASSERT_EQ(cuModuleGetFunction(&fill, mod, "fill_u32"), CUDA_SUCCESS);
+  static const char stub = 0, hidden = 0, unknown = 0;
+  ASSERT_EQ(rt_register(&stub, fill, 1), 0);
+  ASSERT_EQ(rt_register(&hidden, fill, 0), 0);
+  cudaFunction_t f = nullptr;
+  EXPECT_EQ(rt_get(&f, &stub), cudaSuccess);
+  EXPECT_EQ(f, fill);
+  EXPECT_EQ(rt_get(&f, &hidden), cudaErrorInvalidDeviceFunction);
+  EXPECT_EQ(rt_get(&f, &unknown), cudaErrorInvalidDeviceFunction);
+
+  CUdeviceptr a = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&a, 64 * 4), CUDA_SUCCESS);
+  uint64_t count = 64;
+  unsigned value = 9;
+  void* args[] = {&a, &count, &value};
+  EXPECT_EQ(rt_launch(&stub, dim3(1), dim3(64), args, 0, nullptr), cudaSuccess);
+  EXPECT_EQ(reinterpret_cast<unsigned*>(a)[63], 9u);
+  value = 10;
+  EXPECT_EQ(rt_launch_ptsz(&hidden, dim3(1), dim3(64), args, 0, nullptr), cudaSuccess);
+  EXPECT_EQ(reinterpret_cast<unsigned*>(a)[0], 10u);
+  value = 11;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(2);
+  config.blockDim = dim3(32);
+  EXPECT_EQ(rt_launch_ex(&config, &stub, args), cudaSuccess);
+  EXPECT_EQ(reinterpret_cast<unsigned*>(a)[5], 11u);
+  EXPECT_EQ(rt_launch(&unknown, dim3(1), dim3(1), args, 0, nullptr), cudaErrorInvalidDeviceFunction);
+  EXPECT_EQ(rt_launch_ex(nullptr, &stub, args), cudaErrorInvalidValue);
+  ASSERT_EQ(rt_register(&stub, nullptr, 1), 0);  // removed
+  EXPECT_EQ(rt_launch(&stub, dim3(1), dim3(1), args, 0, nullptr), cudaErrorInvalidDeviceFunction);
+
+  std::vector<std::string> launches;
+  for (const std::string& l : LogLines())
+    if (l.rfind("cuLaunchKernel", 0) == 0) launches.push_back(l.substr(0, l.find(' ')));
+  EXPECT_EQ(launches, (std::vector<std::string>{"cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx"}));
+  cuMemFree_v2(a);
+  cuModuleUnload(mod);
 }
 
 }  // namespace

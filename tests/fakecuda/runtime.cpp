@@ -5,10 +5,19 @@
 // (cudaVersion 13000; flags CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM for the _ptsz
 // runtime variants). Signatures come from cuda_runtime_api.h, error codes from
 // driver_types.h (CUDA 13.0).
+//
+// Kernels: a host stub (the address nvcc's generated code passes as `func`) is tied to one
+// of the fake driver's CUfunctions by the test helper fakecudart_register_stub (the real
+// runtime does it in __cudaRegisterFunction); cudaLaunchKernel(_ptsz) and
+// cudaLaunchKernelExC(_ptsz) launch it through cuLaunchKernel(_ptsz) / cuLaunchKernelEx(_ptsz),
+// and cudaGetFuncBySymbol answers its CUfunction. Built with
+// FAKECUDART_WITHOUT_GET_FUNC_BY_SYMBOL (the no-get-func/ variant), the library has no
+// cudaGetFuncBySymbol at all.
 #include <dlfcn.h>
 
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 #include <cuda.h>
 #pragma GCC visibility push(default)  // the runtime entry points we define are exported
@@ -50,6 +59,10 @@ struct Driver {
   decltype(&::cuStreamEndCapture) StreamEndCapture = nullptr;
   decltype(&::cuStreamIsCapturing) StreamIsCapturing = nullptr;
   decltype(&::cuIpcGetMemHandle) IpcGetMemHandle = nullptr;
+  decltype(&::cuLaunchKernel) LaunchKernel = nullptr;
+  decltype(&::cuLaunchKernel) LaunchKernelPtsz = nullptr;
+  decltype(&::cuLaunchKernelEx) LaunchKernelEx = nullptr;
+  decltype(&::cuLaunchKernelEx) LaunchKernelExPtsz = nullptr;
   CUcontext primary = nullptr;
 };
 
@@ -121,7 +134,9 @@ void init() {
             resolve(d.StreamBeginCapture, "cuStreamBeginCapture") &&
             resolve(d.StreamEndCapture, "cuStreamEndCapture") &&
             resolve(d.StreamIsCapturing, "cuStreamIsCapturing") &&
-            resolve(d.IpcGetMemHandle, "cuIpcGetMemHandle");
+            resolve(d.IpcGetMemHandle, "cuIpcGetMemHandle") && resolve(d.LaunchKernel, "cuLaunchKernel") &&
+            resolve(d.LaunchKernelPtsz, "cuLaunchKernel", ptsz) && resolve(d.LaunchKernelEx, "cuLaunchKernelEx") &&
+            resolve(d.LaunchKernelExPtsz, "cuLaunchKernelEx", ptsz);
   if (!ok) {
     g_init_error = cudaErrorInsufficientDriver;
     return;
@@ -174,6 +189,7 @@ constexpr ErrorText kErrors[] = {
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {cudaErrorInvalidKernelImage, "cudaErrorInvalidKernelImage", "device kernel image is invalid"},
+    {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
     {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
@@ -191,6 +207,64 @@ const ErrorText* error_text(cudaError_t e) {
   for (const ErrorText& t : kErrors)
     if (t.code == e) return &t;
   return nullptr;
+}
+
+// ---- kernels: host stubs ---------------------------------------------------------------------
+struct Stub {
+  CUfunction function = nullptr;
+  bool resolvable = true;  // cudaGetFuncBySymbol answers it
+};
+std::mutex g_stub_mutex;
+std::unordered_map<const void*, Stub>& stubs() {
+  static auto* m = new std::unordered_map<const void*, Stub>();  // never destroyed: used during exit
+  return *m;
+}
+
+bool find_stub(const void* func, Stub* out) {
+  std::lock_guard lock(g_stub_mutex);
+  auto it = stubs().find(func);
+  if (it == stubs().end()) return false;
+  *out = it->second;
+  return true;
+}
+
+// cudaLaunchKernel / cudaLaunchKernelExC: the stub's CUfunction, launched by the driver.
+template <class F>
+cudaError_t launch_stub(const void* func, F&& driver_launch) {
+  if (cudaError_t e = ready(); e != cudaSuccess) return record(e);
+  Stub stub;
+  if (!func || !find_stub(func, &stub)) return record(cudaErrorInvalidDeviceFunction);
+  return record(to_cuda(driver_launch(stub.function)));
+}
+
+cudaError_t launch(const void* func, dim3 grid, dim3 block, void** args, size_t shmem, cudaStream_t stream,
+                   bool ptsz) {
+  return launch_stub(func, [&](CUfunction f) {
+    auto fn = ptsz ? g_driver.LaunchKernelPtsz : g_driver.LaunchKernel;
+    return fn(f, grid.x, grid.y, grid.z, block.x, block.y, block.z, static_cast<unsigned>(shmem), stream, args,
+              nullptr);
+  });
+}
+
+// cudaLaunchAttribute and CUlaunchAttribute have the same layout (id, pad, value union).
+static_assert(sizeof(cudaLaunchAttribute) == sizeof(CUlaunchAttribute));
+
+cudaError_t launch_ex(const cudaLaunchConfig_t* config, const void* func, void** args, bool ptsz) {
+  if (!config) return record(cudaErrorInvalidValue);
+  return launch_stub(func, [&](CUfunction f) {
+    CUlaunchConfig c{};
+    c.gridDimX = config->gridDim.x;
+    c.gridDimY = config->gridDim.y;
+    c.gridDimZ = config->gridDim.z;
+    c.blockDimX = config->blockDim.x;
+    c.blockDimY = config->blockDim.y;
+    c.blockDimZ = config->blockDim.z;
+    c.sharedMemBytes = static_cast<unsigned>(config->dynamicSmemBytes);
+    c.hStream = config->stream;
+    c.attrs = reinterpret_cast<CUlaunchAttribute*>(config->attrs);
+    c.numAttrs = config->numAttrs;
+    return (ptsz ? g_driver.LaunchKernelExPtsz : g_driver.LaunchKernelEx)(&c, f, args, nullptr);
+  });
 }
 
 cudaError_t entry_point(const char* symbol, void** fn, unsigned version, unsigned long long flags,
@@ -363,6 +437,44 @@ cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
 cudaError_t CUDARTAPI cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
   static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(CUipcMemHandle));
   return call([&] { return g_driver.IpcGetMemHandle(reinterpret_cast<CUipcMemHandle*>(handle), dptr(p)); });
+}
+
+cudaError_t CUDARTAPI cudaLaunchKernel(const void* func, dim3 gridDim, dim3 blockDim, void** args, size_t sharedMem,
+                                       cudaStream_t stream) {
+  return launch(func, gridDim, blockDim, args, sharedMem, stream, false);
+}
+FAKECUDA_EXPORT cudaError_t CUDARTAPI cudaLaunchKernel_ptsz(const void* func, dim3 gridDim, dim3 blockDim, void** args,
+                                                            size_t sharedMem, cudaStream_t stream) {
+  return launch(func, gridDim, blockDim, args, sharedMem, stream, true);
+}
+cudaError_t CUDARTAPI cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
+  return launch_ex(config, func, args, false);
+}
+FAKECUDA_EXPORT cudaError_t CUDARTAPI cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const void* func,
+                                                               void** args) {
+  return launch_ex(config, func, args, true);
+}
+
+#ifndef FAKECUDART_WITHOUT_GET_FUNC_BY_SYMBOL
+cudaError_t CUDARTAPI cudaGetFuncBySymbol(cudaFunction_t* functionPtr, const void* symbolPtr) {
+  if (!functionPtr) return record(cudaErrorInvalidValue);
+  Stub stub;
+  if (!symbolPtr || !find_stub(symbolPtr, &stub) || !stub.resolvable) return record(cudaErrorInvalidDeviceFunction);
+  *functionPtr = stub.function;  // cudaFunction_t is CUfunction (struct CUfunc_st*)
+  return cudaSuccess;
+}
+#endif
+
+// Test helper (fakecuda.h): ties a host stub to a CUfunction; f == NULL removes it.
+FAKECUDA_EXPORT int fakecudart_register_stub(const void* stub, CUfunction f, int resolvable) {
+  try {
+    std::lock_guard lock(g_stub_mutex);
+    if (f) stubs()[stub] = Stub{f, resolvable != 0};
+    else stubs().erase(stub);
+    return 0;
+  } catch (...) {
+    return -1;
+  }
 }
 
 cudaError_t CUDARTAPI cudaDriverGetVersion(int* version) {

@@ -1,0 +1,58 @@
+/* The fake CUDA libraries' test helpers (not CUDA): what tests and test programs may call
+ * besides the CUDA API. The driver (libcuda.so.1) exports fakecuda_*, the runtime
+ * (libcudart.so.13) fakecudart_*. See README.md. */
+#ifndef FAKECUDA_H
+#define FAKECUDA_H
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef FAKECUDA_EXPORT
+#define FAKECUDA_EXPORT
+#endif
+
+/* Re-reads FAKECUDA_* (resets FAKECUDA_FAIL counters, reopens FAKECUDA_LOG, forgets the
+ * residency model's state and counters). */
+FAKECUDA_EXPORT void fakecuda_reload_config(void);
+
+/* Most recent launch: kernel name and up to max parameter values (first 8 bytes of each,
+ * little endian). Returns the parameter count, or -1 if nothing was launched. */
+FAKECUDA_EXPORT int fakecuda_last_launch(char* name, size_t name_len, uint64_t* params, size_t max);
+
+/* Counters of the simulated GPU residency (FAKECUDA_GPU_MEMORY), in 2 MiB chunks. */
+typedef struct fakecuda_residency_stats_t {
+  uint64_t capacity_chunks;   /* FAKECUDA_GPU_MEMORY / 2 MiB */
+  uint64_t resident_chunks;   /* on the GPU now */
+  uint64_t launches;          /* launches that executed */
+  uint64_t faults;            /* a launch touched a chunk on the CPU: migrated on demand */
+  uint64_t populated;         /* fresh chunks first touched (launch or prefetch): no migration */
+  uint64_t prefetched_in;     /* chunks a prefetch moved CPU -> GPU */
+  uint64_t prefetched_out;    /* chunks a prefetch moved GPU -> CPU (evictions by prefetch) */
+  uint64_t driver_evictions;  /* chunks the driver evicted for room (oldest migrated first) */
+  uint64_t late_prefetches;   /* touched by a launch right after the prefetch that migrated them in */
+  uint64_t remote_accesses;   /* chunks a launch read on the CPU (preferred location CPU + accessed by GPU) */
+} fakecuda_residency_stats_t;
+
+/* Fills *out; returns 0, or -1 when the model is off (out is still filled: zeros). */
+FAKECUDA_EXPORT int fakecuda_residency_stats(fakecuda_residency_stats_t* out);
+
+/* Where the chunk holding p is; -1 when the model is off or p is not managed memory. */
+enum { FAKECUDA_CHUNK_FRESH = 0, FAKECUDA_CHUNK_CPU = 1, FAKECUDA_CHUNK_GPU = 2 };
+FAKECUDA_EXPORT int fakecuda_chunk_location(CUdeviceptr p);
+
+/* Runtime: makes `stub` (any host address, standing for a kernel's host stub) launch `f`
+ * through cudaLaunchKernel / cudaLaunchKernelExC (+ _ptsz). With `resolvable` 0,
+ * cudaGetFuncBySymbol answers cudaErrorInvalidDeviceFunction for it (launches still work);
+ * f == NULL removes the stub. Returns 0. */
+FAKECUDA_EXPORT int fakecudart_register_stub(const void* stub, CUfunction f, int resolvable);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FAKECUDA_H */
