@@ -137,13 +137,13 @@ struct SimCommands::Options {
   std::string replay_trace, replay_policy, replay_capacity;
 
   void add_model_options(CLI::App* cmd) {
-    cmd->add_option("--link", link, "link profile: pcie3, pcie4, pcie5, c2c, h200 (placeholder) [pcie5]");
+    cmd->add_option("--link", link, "link profile: pcie3, pcie4, pcie5, c2c, h200 (measured on an H200) [pcie5]");
     cmd->add_option("--h2d-bandwidth", h2d_gbps, "override the link's host-to-GPU bandwidth, GB/s (1e9 B/s)");
     cmd->add_option("--d2h-bandwidth", d2h_gbps, "override the link's GPU-to-host bandwidth, GB/s");
     cmd->add_option("--fault-batch-us", fault_batch_us, "cost of one fault batch, us [45: G10/UVMSmart]");
     cmd->add_option("--fault-batch-size", fault_batch_size, "faults per batch [256: uvm_perf_fault_batch_count]");
     cmd->add_option("--fault-granularity", fault_granularity, "fault granularity [64KiB: UVM big page]");
-    cmd->add_option("--fault-slowdown", fault_slowdown, "fault-driven migration is this many times slower than a prefetch [10]");
+    cmd->add_option("--fault-slowdown", fault_slowdown, "fault-driven migration is this many times slower than a prefetch [the link's: 10; h200 1.47, measured]");
     cmd->add_option("--density-threshold", density, "density prefetcher threshold, 0-1 [0.51: uvm_perf_prefetch_threshold]");
     cmd->add_option("--remote-efficiency", remote_eff, "remote (zero-copy) access at this share of H2D bandwidth [1.0]");
   }
@@ -153,6 +153,7 @@ struct SimCommands::Options {
     auto l = sim::find_link(link);
     if (!l) throw UsageError{fmt::format("unknown link '{}': expected pcie3, pcie4, pcie5, c2c or h200", link)};
     p.link = *l;
+    p.fault_slowdown = l->fault_slowdown;
     auto positive = [](const char* what, double v) {
       if (!(v > 0)) throw UsageError{fmt::format("{} must be positive, not {}", what, v)};
       return v;

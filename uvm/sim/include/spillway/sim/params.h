@@ -18,9 +18,14 @@ struct LinkProfile {
   // Cost of one fault batch (the driver's round trip per batch of replayable faults).
   std::uint64_t fault_batch_ns = 0;
   std::string source;  // where the figures come from
+  // Fault-driven migration is this many times slower than an explicit prefetch on this link
+  // (SimParams::fault_slowdown takes it; --fault-slowdown overrides). 10: the figure RAPIDS
+  // and JAX maintainers report for cudaMallocManaged vs prefetch (DESIGN §5); measured where
+  // a profile was measured.
+  double fault_slowdown = 10.0;
 };
 
-// pcie3, pcie4, pcie5, c2c, h200 (placeholder: pcie5-like until measured). Thread-safe.
+// pcie3, pcie4, pcie5, c2c, h200 (measured: docs/gpu-results.md). Thread-safe.
 const std::vector<LinkProfile>& link_profiles();
 // The profile called `name`, if any.
 std::optional<LinkProfile> find_link(std::string_view name);
@@ -36,8 +41,8 @@ struct SimParams {
   // Fault granularity: the driver services faults in 64 KiB big-page regions
   // (UVM_PAGE_SIZE_64K, the default big page size; DESIGN §5).
   std::uint64_t fault_granularity_bytes = 64 << 10;
-  // Fault-driven migration moves data this many times slower than an explicit prefetch
-  // (figure reported by RAPIDS and JAX maintainers for cudaMallocManaged vs prefetch; DESIGN §5).
+  // Fault-driven migration moves data this many times slower than an explicit prefetch: the
+  // link profile's (LinkProfile::fault_slowdown; 10 unless measured).
   double fault_slowdown = 10.0;
   // The density prefetcher: once more than this share of a 2 MiB block's 64 KiB regions has
   // faulted, the driver migrates the rest without further faults (uvm_perf_prefetch_threshold,
