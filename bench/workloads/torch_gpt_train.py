@@ -32,19 +32,11 @@ import argparse
 import ctypes
 import json
 import math
-import re
 import signal
 import sys
 import time
 
-UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-
-
-def size(text):
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in UNITS:
-        raise argparse.ArgumentTypeError(f"cannot read size {text!r} (use e.g. 512MiB, 8GiB)")
-    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+from workload_sizes import size
 
 
 def gib(b):

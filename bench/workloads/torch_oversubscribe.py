@@ -8,20 +8,12 @@ script confirms by asking the driver (cuPointerGetAttribute IS_MANAGED) about ea
 """
 import argparse
 import ctypes
-import re
 import sys
 import time
 
 import torch
 
-UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
-
-
-def size(text):
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in UNITS:
-        raise argparse.ArgumentTypeError(f"cannot read size {text!r} (use e.g. 512MiB, 12GiB)")
-    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+from workload_sizes import size
 
 
 def is_managed(ptr):

@@ -12,15 +12,8 @@
 #include <string>
 #include <vector>
 
-#define RT_CHECK(call)                                                                        \
-  do {                                                                                        \
-    cudaError_t e_ = (call);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d: %s failed: %d %s\n", __FILE__, __LINE__, #call, (int)e_,   \
-                   cudaGetErrorString(e_));                                                   \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "runtime_check.h"
+
 
 namespace {
 

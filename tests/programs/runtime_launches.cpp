@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "fakecuda.h"
+#include "runtime_check.h"
 
 // The per-thread-default-stream forms, as a translation unit compiled with
 // --default-stream per-thread calls them.
@@ -26,14 +27,6 @@ extern "C" cudaError_t cudaLaunchKernel_ptsz(const void* func, dim3 gridDim, dim
                                              size_t sharedMem, cudaStream_t stream);
 extern "C" cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const void* func, void** args);
 
-#define RT_CHECK(call)                                                                         \
-  do {                                                                                         \
-    cudaError_t check_e_ = (call);                                                             \
-    if (check_e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, (int)check_e_); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 namespace {
 
