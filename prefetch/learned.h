@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory_resource>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -180,7 +181,9 @@ class LearnedPolicy final : public Policy {
   std::uint32_t anchor_ = kNone;  // the entry matched by the current launch (future seq s -> anchor_ + s - seq_)
 
   // Residency (the Engine's plan, as on_residency reports it) ranked by predicted next use.
-  std::set<std::pair<std::uint64_t, ChunkIndex>> resident_;
+  // (Node allocations from a pool: the set changes at every touch of a resident chunk.)
+  std::pmr::unsynchronized_pool_resource resident_pool_;
+  std::pmr::set<std::pair<std::uint64_t, ChunkIndex>> resident_{&resident_pool_};
   std::uint64_t budget_chunks_ = 0;  // learned at the first eviction (0: unknown)
   // choose_victim() resumes where it stopped within one launch's plan (what it passed is
   // pinned or gone until the next launch).

@@ -66,7 +66,13 @@ class Engine::Residency final : public VictimQuery {
     nodes_[it->second].pin = epoch;
     return true;
   }
-  void insert_pinned(ChunkIndex c) {
+  // The block covering the whole chunk recorded at insertion (0, 0: unknown).
+  void cover(ChunkIndex c, std::uint64_t* base, std::uint64_t* end) const {
+    auto it = index_.find(c);
+    *base = it == index_.end() ? 0 : nodes_[it->second].base;
+    *end = it == index_.end() ? 0 : nodes_[it->second].end;
+  }
+  void insert_pinned(ChunkIndex c, std::uint64_t base = 0, std::uint64_t end = 0) {
     std::uint32_t n;
     if (!free_.empty()) {
       n = free_.back();
@@ -75,7 +81,7 @@ class Engine::Residency final : public VictimQuery {
       n = static_cast<std::uint32_t>(nodes_.size());
       nodes_.push_back({});
     }
-    nodes_[n] = Node{c, kNil, kNil, epoch};
+    nodes_[n] = Node{c, kNil, kNil, epoch, base, end};
     link_tail(n);
     index_.emplace(c, n);
   }
@@ -103,6 +109,7 @@ class Engine::Residency final : public VictimQuery {
     ChunkIndex chunk = 0;
     std::uint32_t prev = kNil, next = kNil;
     std::uint64_t pin = 0;
+    std::uint64_t base = 0, end = 0;  // the block covering the whole chunk, if known
   };
   void unlink(std::uint32_t n) {
     Node& x = nodes_[n];
@@ -261,9 +268,11 @@ bool Engine::make_room(std::vector<Move>& moves) {
     ChunkIndex victim = 0;
     bool ok = policy_->choose_victim(r, &victim) && r.contains(victim) && !r.pinned(victim);
     if (!ok && !r.lru_unpinned(&victim)) return false;
+    Move m{victim, Location::cpu};
+    r.cover(victim, &m.base, &m.end);
     r.erase(victim);
     policy_->on_residency(victim, false);
-    moves.push_back(Move{victim, Location::cpu});
+    moves.push_back(m);
     ++counters_.evicted_chunks;
   }
   return true;
@@ -285,37 +294,45 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
     if (a.kind != Action::Kind::prefetch || a.where != Location::cpu) continue;
     for_chunks(a.addr, a.bytes, [&](ChunkIndex c) {
       if (r.contains(c) && !r.pinned(c)) {
+        Move m{c, Location::cpu};
+        r.cover(c, &m.base, &m.end);
         r.erase(c);
         policy_->on_residency(c, false);
-        moves.push_back(Move{c, Location::cpu});
+        moves.push_back(m);
         ++counters_.evicted_chunks;
       }
       return true;
     });
   }
   // 3. The launch's missing footprint, then 4. the Policy's prefetches, in order of need.
-  auto fetch = [&](ChunkIndex c) {
+  // `block`, when known, is the live block the chunk belongs to.
+  auto fetch = [&](ChunkIndex c, const Block* block) {
     if (r.touch_pin(c)) return true;
     if (!make_room(moves)) {
       ++counters_.dropped_prefetch_chunks;
       return false;
     }
-    r.insert_pinned(c);
+    Move m{c, Location::gpu};
+    if (block != nullptr && block->base <= c * kChunkBytes && block->end() >= (c + 1) * kChunkBytes) {
+      m.base = block->base;
+      m.end = block->end();
+    }
+    r.insert_pinned(c, m.base, m.end);
     policy_->on_residency(c, true);
-    moves.push_back(Move{c, Location::gpu});
+    moves.push_back(m);
     ++counters_.prefetched_chunks;
     return true;
   };
   // A chunk the Policy leaves where it is (it advised remote access for it) is not fetched.
   for (const Access& a : launch.accesses) {
-    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return r.touch_pin(c) || policy_->leave_remote(c) || fetch(c); });
+    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return r.touch_pin(c) || policy_->leave_remote(c) || fetch(c, nullptr); });
   }
   for (const Action& a : actions.list) {
     if (a.kind != Action::Kind::prefetch || a.where != Location::gpu) continue;
     std::optional<Block> b = table_.find(a.addr);
     if (!b || a.bytes == 0 || a.bytes > b->end() - a.addr) continue;  // not inside one live block
     bool room = true;
-    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return room = fetch(c); });
+    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return room = fetch(c, &*b); });
     if (!room) break;
   }
 }
@@ -330,10 +347,23 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
   std::size_t i = 0;
   while (i < moves.size()) {
     std::size_t j = i + 1;
-    while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk == moves[j - 1].chunk + 1) ++j;
-    // Split the run at block boundaries: one Backend call per (run, block) piece.
+    while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk == moves[j - 1].chunk + 1 &&
+           moves[j].base == moves[i].base && moves[j].end == moves[i].end) {
+      ++j;
+    }
+    // Split the run at block boundaries: one Backend call per (run, block) piece. A run of
+    // chunks that one known block covers wholly is one piece already.
     std::uint64_t addr = moves[i].chunk * kChunkBytes;
     const std::uint64_t end = (moves[j - 1].chunk + 1) * kChunkBytes;
+    if (moves[i].end > moves[i].base && moves[i].base <= addr && moves[i].end >= end) {
+      Result r = backend_.prefetch(addr, end - addr, moves[i].to, device_);
+      std::lock_guard lock(mutex_);
+      if (!r.ok()) ++counters_.backend_errors;
+      else if (moves[i].to == Location::gpu) counters_.prefetch_to_gpu_bytes += end - addr;
+      else counters_.evict_to_cpu_bytes += end - addr;
+      i = j;
+      continue;
+    }
     while (addr < end) {
       std::optional<Block> b = table_.find(addr);
       if (!b) {  // a chunk's head may hold no block (sub-chunk blocks): try its other bytes

@@ -152,6 +152,10 @@ class Engine {
   struct Move {
     ChunkIndex chunk;
     Location to;
+    // The live block that covers the whole chunk, when the plan knew it ([base, end); both 0
+    // when unknown or when the chunk holds parts of several blocks): carry_out() then needs
+    // no allocation-table look-up to clip the move.
+    std::uint64_t base = 0, end = 0;
   };
   void plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves);
   bool make_room(std::vector<Move>& moves);
