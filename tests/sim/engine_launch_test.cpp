@@ -149,6 +149,60 @@ TEST(EngineLaunch, PolicyPrefetchesOutsideLiveBlocksAreDropped) {
   EXPECT_EQ(f.backend.calls[0].addr, a);
 }
 
+// The policy's prefetches and the evictions of what they brought go to the Backend in runs
+// clipped to their blocks, whether or not the plan knew the block: a run one block covers
+// wholly as one call, a block ending inside a chunk clipped at its end.
+TEST(EngineLaunch, PolicyPrefetchRunsAndTheirEvictionsAreClippedToTheirBlocks) {
+  class Ahead final : public Policy {
+   public:
+    std::string_view name() const override { return "ahead"; }
+    bool manages_residency() const override { return true; }
+    void on_launch(const Launch&, Actions& a) override {
+      for (const Access& x : next) a.prefetch(x.addr, x.bytes, Location::gpu);
+      next.clear();
+    }
+    std::vector<Access> next;
+  };
+  auto owned = std::make_unique<Ahead>();
+  Ahead* policy = owned.get();
+  Fixture f(4, std::move(owned));
+  const std::uint64_t a = f.alloc(3 * kChunkBytes), b = f.alloc(kChunkBytes + kChunkBytes / 2);
+  const std::uint64_t c = f.alloc(4 * kChunkBytes), k = f.alloc(kChunkBytes);
+  auto inside = [](const Call& call, std::uint64_t base, std::uint64_t bytes) {
+    return call.addr >= base && call.addr + call.bytes <= base + bytes;
+  };
+  // Bytes moved each way; every call inside one of the blocks.
+  auto moved = [&](Location to) {
+    std::uint64_t n = 0;
+    for (const Call& call : f.backend.calls) {
+      EXPECT_TRUE(inside(call, a, 3 * kChunkBytes) || inside(call, b, kChunkBytes + kChunkBytes / 2) ||
+                  inside(call, c, 4 * kChunkBytes) || inside(call, k, kChunkBytes))
+          << std::hex << call.addr << " +" << call.bytes;
+      if (call.to == to) n += call.bytes;
+    }
+    return n;
+  };
+  policy->next = {{a, 3 * kChunkBytes, false}};
+  f.launch({{k, kChunkBytes, false}});
+  // k (the footprint), then a's three chunks as one call.
+  ASSERT_EQ(f.backend.calls.size(), 2u);
+  EXPECT_EQ(f.backend.calls[1].addr, a);
+  EXPECT_EQ(f.backend.calls[1].bytes, 3 * kChunkBytes);
+  f.backend.calls.clear();
+  policy->next = {{b, kChunkBytes + kChunkBytes / 2, false}};
+  f.launch({{k, kChunkBytes, false}});
+  // Room for 2: two of a's chunks leave; b comes in, its second chunk clipped to b's end.
+  EXPECT_EQ(moved(Location::cpu), 2 * kChunkBytes);
+  EXPECT_EQ(moved(Location::gpu), kChunkBytes + kChunkBytes / 2);
+  f.backend.calls.clear();
+  policy->next = {{c, 3 * kChunkBytes, false}};
+  f.launch({{k, kChunkBytes, false}});
+  // Out: a's last chunk and all of b (its second chunk clipped to b); in: c's first three.
+  EXPECT_EQ(moved(Location::cpu), 2 * kChunkBytes + kChunkBytes / 2);
+  EXPECT_EQ(moved(Location::gpu), 3 * kChunkBytes);
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 4u);
+}
+
 TEST(EngineLaunch, CorrelationPrefetchesWhatFollowedLastTime) {
   Fixture f(2, make_policy("correlation"));
   std::uint64_t a = f.alloc(kChunkBytes), b = f.alloc(kChunkBytes), c = f.alloc(kChunkBytes);

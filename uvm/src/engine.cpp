@@ -313,7 +313,7 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
       return false;
     }
     Move m{c, Location::gpu};
-    if (block != nullptr && block->base <= c * kChunkBytes && block->end() >= (c + 1) * kChunkBytes) {
+    if (block != nullptr) {
       m.base = block->base;
       m.end = block->end();
     }
@@ -347,15 +347,16 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
   std::size_t i = 0;
   while (i < moves.size()) {
     std::size_t j = i + 1;
-    while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk == moves[j - 1].chunk + 1 &&
-           moves[j].base == moves[i].base && moves[j].end == moves[i].end) {
+    bool one_block = moves[i].end > moves[i].base;  // every move of the run knows the same block
+    while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk == moves[j - 1].chunk + 1) {
+      one_block = one_block && moves[j].base == moves[i].base && moves[j].end == moves[i].end;
       ++j;
     }
-    // Split the run at block boundaries: one Backend call per (run, block) piece. A run of
-    // chunks that one known block covers wholly is one piece already.
+    // Split the run at block boundaries: one Backend call per (run, block) piece. A run that
+    // one known block covers wholly is one piece: no table look-up.
     std::uint64_t addr = moves[i].chunk * kChunkBytes;
     const std::uint64_t end = (moves[j - 1].chunk + 1) * kChunkBytes;
-    if (moves[i].end > moves[i].base && moves[i].base <= addr && moves[i].end >= end) {
+    if (one_block && moves[i].base <= addr && moves[i].end >= end) {
       Result r = backend_.prefetch(addr, end - addr, moves[i].to, device_);
       std::lock_guard lock(mutex_);
       if (!r.ok()) ++counters_.backend_errors;

@@ -152,9 +152,9 @@ class Engine {
   struct Move {
     ChunkIndex chunk;
     Location to;
-    // The live block that covers the whole chunk, when the plan knew it ([base, end); both 0
-    // when unknown or when the chunk holds parts of several blocks): carry_out() then needs
-    // no allocation-table look-up to clip the move.
+    // The live block the plan moved the chunk for, when it knew it ([base, end); both 0 when
+    // unknown): a run of moves that this block covers wholly needs no allocation-table
+    // look-up in carry_out().
     std::uint64_t base = 0, end = 0;
   };
   void plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves);
