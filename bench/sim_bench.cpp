@@ -75,7 +75,7 @@ const CompiledTrace& small_kernels() {
 void run(benchmark::State& state, const CompiledTrace& t, const char* policy, double frac) {
   SimParams p = default_params();
   p.capacity_bytes = static_cast<std::uint64_t>(frac * t.peak_bytes) / kChunkBytes * kChunkBytes;
-  std::uint64_t fetches = min_fetches(t, p.capacity_bytes / kChunkBytes);
+  MinFetch fetches = min_fetch(t, p.capacity_bytes / kChunkBytes);
   for (auto _ : state) {
     CellResult r = run_cell(t, policy, p, nullptr, &fetches);
     benchmark::DoNotOptimize(r.sim.time_ns);

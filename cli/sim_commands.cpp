@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -81,6 +82,7 @@ CapacitySpec parse_capacity(const std::string& text) {
     } catch (...) {
     }
   } else if (auto b = parse_size(text); b && *b > 0) {
+    if (*b < kChunkBytes) throw UsageError{fmt::format("invalid capacity '{}': at least 2MiB (one chunk)", text)};
     c.bytes = *b;
     return c;
   }
@@ -154,16 +156,17 @@ struct SimCommands::Options {
     if (!l) throw UsageError{fmt::format("unknown link '{}': expected pcie3, pcie4, pcie5, c2c or h200", link)};
     p.link = *l;
     p.fault_slowdown = l->fault_slowdown;
-    auto positive = [](const char* what, double v) {
-      if (!(v > 0)) throw UsageError{fmt::format("{} must be positive, not {}", what, v)};
+    // Each model parameter within a range where the model means something (and its
+    // arithmetic cannot overflow): the name, the value and the accepted range on error.
+    auto in_range = [](const char* what, double v, double lo, double hi, const char* unit) {
+      if (!std::isfinite(v) || v < lo || v > hi) {
+        throw UsageError{fmt::format("{} {} is out of range: expected {} to {}{}", what, v, lo, hi, unit)};
+      }
       return v;
     };
-    if (h2d_gbps) p.link.h2d_bytes_per_s = positive("--h2d-bandwidth", *h2d_gbps) * 1e9;
-    if (d2h_gbps) p.link.d2h_bytes_per_s = positive("--d2h-bandwidth", *d2h_gbps) * 1e9;
-    if (fault_batch_us) {
-      if (*fault_batch_us < 0) throw UsageError{"--fault-batch-us must not be negative"};
-      p.link.fault_batch_ns = static_cast<std::uint64_t>(*fault_batch_us * 1e3);
-    }
+    if (h2d_gbps) p.link.h2d_bytes_per_s = in_range("--h2d-bandwidth", *h2d_gbps, 0.01, 100000, " GB/s") * 1e9;
+    if (d2h_gbps) p.link.d2h_bytes_per_s = in_range("--d2h-bandwidth", *d2h_gbps, 0.01, 100000, " GB/s") * 1e9;
+    if (fault_batch_us) p.link.fault_batch_ns = static_cast<std::uint64_t>(in_range("--fault-batch-us", *fault_batch_us, 0, 1e6, " us") * 1e3);
     if (fault_batch_size) {
       if (*fault_batch_size == 0) throw UsageError{"--fault-batch-size must be positive"};
       p.fault_batch_size = *fault_batch_size;
@@ -173,12 +176,9 @@ struct SimCommands::Options {
       if (!g || *g == 0 || *g > kChunkBytes) throw UsageError{fmt::format("invalid --fault-granularity '{}': a size from 1 B to 2MiB", fault_granularity)};
       p.fault_granularity_bytes = *g;
     }
-    if (fault_slowdown) p.fault_slowdown = std::max(1.0, positive("--fault-slowdown", *fault_slowdown));
-    if (density) {
-      if (*density < 0 || *density > 1) throw UsageError{"--density-threshold must be between 0 and 1"};
-      p.density_threshold = *density;
-    }
-    if (remote_eff) p.remote_efficiency = positive("--remote-efficiency", *remote_eff);
+    if (fault_slowdown) p.fault_slowdown = in_range("--fault-slowdown", *fault_slowdown, 1, 1000, "");
+    if (density) p.density_threshold = in_range("--density-threshold", *density, 0, 1, "");
+    if (remote_eff) p.remote_efficiency = in_range("--remote-efficiency", *remote_eff, 0.001, 10, "");
     return p;
   }
 };
@@ -195,7 +195,7 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
       ->delimiter(',');
   o.sweep->add_option("--csv", o.csv, "write the results as CSV to FILE");
   o.sweep->add_option("--plot", o.plot, "plot time / bound against capacity to FILE.png or FILE.svg (python3-matplotlib)");
-  o.sweep->add_option("--jobs,-j", o.jobs, "simulations run in parallel [number of CPUs]");
+  o.sweep->add_option("--jobs,-j", o.jobs, "simulations run in parallel [number of CPUs]")->check(CLI::Range(1, 1024));
   o.sweep->add_flag("--quiet,-q", o.quiet, "no progress line");
   o.add_model_options(o.sweep);
 
@@ -221,11 +221,14 @@ void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows) {
   for (const auto& r : rows) {
     std::string acc = r.sim.prefetch_bytes == 0 ? std::string("-")
                                                 : fmt::format("{:.1f}%", 100.0 * r.sim.prefetch_used_bytes / r.sim.prefetch_bytes);
-    out << fmt::format("{:<{}}  {:>14}  {:<11}  {:>11}  {:>7.2f}  {:>7.2f}  {:>8}  {:>8}  {:>10}  {:>8}\n", r.trace, w,
+    // A trace without kernel time has no ratio to give ("-").
+    auto ratio = [](std::uint64_t a, std::uint64_t b) {
+      return b == 0 ? std::string("-") : fmt::format("{:.2f}", static_cast<double>(a) / static_cast<double>(b));
+    };
+    out << fmt::format("{:<{}}  {:>14}  {:<11}  {:>11}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n", r.trace, w,
                        fmt::format("{} ({:.3f})", format_bytes(r.capacity_bytes), r.capacity_frac), r.policy,
-                       seconds(r.sim.time_ns), static_cast<double>(r.sim.time_ns) / r.bound_ns,
-                       static_cast<double>(r.sim.time_ns) / std::max<std::uint64_t>(1, r.sim.compute_ns), gbytes(r.sim.h2d_bytes),
-                       gbytes(r.sim.d2h_bytes), r.sim.faults, acc);
+                       seconds(r.sim.time_ns), ratio(r.sim.time_ns, r.bound_ns), ratio(r.sim.time_ns, r.sim.compute_ns),
+                       gbytes(r.sim.h2d_bytes), gbytes(r.sim.d2h_bytes), r.sim.faults, acc);
   }
 }
 
@@ -244,7 +247,12 @@ void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows
 
 std::uint64_t capacity_bytes(const CapacitySpec& c, const sim::CompiledTrace& t) {
   if (c.bytes != 0) return c.bytes / kChunkBytes * kChunkBytes;
-  return static_cast<std::uint64_t>(c.fraction * static_cast<double>(t.peak_bytes)) / kChunkBytes * kChunkBytes;
+  std::uint64_t b = static_cast<std::uint64_t>(c.fraction * static_cast<double>(t.peak_bytes)) / kChunkBytes * kChunkBytes;
+  if (b == 0) {
+    throw UsageError{fmt::format("capacity '{}' of {} (peak {}) is less than one 2 MiB chunk", c.text, t.name,
+                                 format_bytes(t.peak_bytes))};
+  }
+  return b;
 }
 
 void check_policies(const std::vector<std::string>& policies) {
@@ -328,7 +336,7 @@ int run_sweep(SimCommands::Options& o) {
     for (std::size_t c = 0; c < caps.size(); ++c)
       for (std::size_t p = 0; p < policies.size(); ++p) cells.push_back({t, c, p});
   // The bound of each (trace, capacity), shared by its policies.
-  std::vector<std::uint64_t> fetches(traces.size() * caps.size(), 0);
+  std::vector<sim::MinFetch> fetches(traces.size() * caps.size());
   std::vector<std::once_flag> fetch_once(traces.size() * caps.size());
   // Run the costliest cells first (more chunk touches; oracle and correlation do the most
   // work per touch) so that no long cell is left alone at the end; results keep table order.
@@ -353,7 +361,7 @@ int run_sweep(SimCommands::Options& o) {
       p.capacity_bytes = capacity_bytes(caps[cell.cap], t);
       std::size_t key = cell.trace * caps.size() + cell.cap;
       try {
-        std::call_once(fetch_once[key], [&] { fetches[key] = sim::min_fetches(t, p.capacity_bytes / kChunkBytes); });
+        std::call_once(fetch_once[key], [&] { fetches[key] = sim::min_fetch(t, p.capacity_bytes / kChunkBytes); });
         results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &fetches[key]);
       } catch (...) {
         std::lock_guard lock(print_mutex);
@@ -423,10 +431,10 @@ int run_replay(SimCommands::Options& o) {
   std::cout << fmt::format(
       "kernels {}, compute {}, peak footprint {}; stalls: faults {} ({} batches), waiting for prefetches {}\n"
       "prefetched {} GB ({} GB used), read remotely {} GB, driver evictions {} chunks, engine evictions {} chunks\n"
-      "lower bound {} (MIN fetches {} x 2 MiB)\n",
+      "lower bound {} (MIN: {} misses, {} GB over the link)\n",
       t.kernel_count, seconds(t.compute_ns), format_bytes(t.peak_bytes), seconds(s.fault_stall_ns), s.fault_batches,
       seconds(s.wait_ns), gbytes(s.prefetch_bytes), gbytes(s.prefetch_used_bytes), gbytes(s.remote_bytes), s.driver_evictions,
-      r.engine.evicted_chunks, seconds(r.bound_ns), r.min_fetch_chunks);
+      r.engine.evicted_chunks, seconds(r.bound_ns), r.min_fetch.chunks, gbytes(r.min_fetch.bytes));
   if (!o.timeline.empty()) {
     sim::write_timeline(o.timeline, t, r, spans);
     std::cout << "timeline: " << o.timeline << " (" << spans.size() << " spans; open in ui.perfetto.dev)\n";

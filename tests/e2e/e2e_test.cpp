@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -484,6 +485,33 @@ TEST(SpillwayRun, BadBudgetExitsTwoWithOneLine) {
   EXPECT_NE(r.err.find("SPILLWAY_BUDGET"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("nonsense"), std::string::npos) << r.err;
   EXPECT_EQ(r.out, "");
+}
+
+// The simulator's model parameters and capacities outside the range where the model means
+// something (NaN, infinities, 1e-15 GB/s, a slowdown of 1e15, less than one chunk) are
+// one-line usage errors (exit 2) naming the option and the accepted range — not numbers
+// from overflowed arithmetic.
+TEST(SpillwayReplay, OutOfRangeModelParametersAreOneLineErrors) {
+  std::string path = temp_dir() + "/t.jsonl";
+  std::ofstream(path) << "{\"format\":\"spillway-trace\",\"version\":1,\"source\":\"test\"}\n"
+                         "{\"ev\":\"alloc\",\"id\":1,\"bytes\":8388608}\n"
+                         "{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":1000,\"reads\":[1],\"writes\":[]}\n";
+  RunResult ok = run({kCli, "replay", path, "--capacity", "4MiB", "--fault-slowdown", "1.5", "--h2d-bandwidth", "12"}, {});
+  ASSERT_EQ(ok.status, 0) << describe(ok);
+  const std::vector<std::vector<std::string>> bad{
+      {"--fault-batch-us", "nan"},  {"--fault-batch-us", "1e300"}, {"--fault-slowdown", "1e15"},
+      {"--h2d-bandwidth", "1e-15"}, {"--d2h-bandwidth", "inf"},    {"--density-threshold", "nan"},
+      {"--remote-efficiency", "0"}, {"--capacity", "1KiB"},        {"--capacity", "0.0001"}};
+  for (const auto& b : bad) {
+    std::vector<std::string> argv{kCli, "replay", path};
+    if (b[0] != "--capacity") argv.insert(argv.end(), {"--capacity", "4MiB"});
+    argv.insert(argv.end(), b.begin(), b.end());
+    RunResult r = run(argv, {});
+    EXPECT_EQ(r.status, 2) << b[0] << " " << b[1] << "\n" << describe(r);
+    ASSERT_EQ(r.err_lines().size(), 1u) << r.err;
+    EXPECT_NE(r.err.find(b[0] == "--capacity" ? "capacity" : b[0]), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
 }
 
 TEST(SpillwayRun, PrependsToAnExistingLdPreload) {

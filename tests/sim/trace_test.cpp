@@ -225,6 +225,23 @@ TEST_F(TraceTest, NegativeDuration) {
   EXPECT_NE(error_of("{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":-3}\n").find("\"dur_ns\""), std::string::npos);
 }
 
+// Sizes and times beyond what the simulator can hold in 64 bits are errors of their line
+// (a block of 2^53 bytes crashed compile(); dur_ns of 2^64-1 wrapped the total time).
+TEST_F(TraceTest, BlockLargerThan16TiB) {
+  EXPECT_EQ(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":17592186044416}\n"), "");
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":17592186044417}\n").find("exceeds the 16 TiB"), std::string::npos);
+  EXPECT_EQ(last_line_, 2u);
+  EXPECT_NE(error_of("{\"ev\":\"alloc\",\"id\":1,\"bytes\":18446744073709551615}\n").find("exceeds the 16 TiB"),
+            std::string::npos);
+}
+
+TEST_F(TraceTest, KernelLongerThan2To50Ns) {
+  EXPECT_EQ(error_of("{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":1125899906842624}\n"), "");
+  EXPECT_NE(error_of("{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":18446744073709551615}\n").find("exceeds the 2^50 ns"),
+            std::string::npos);
+  EXPECT_NE(error_of("{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":1.2e18}\n").find("exceeds the 2^50 ns"), std::string::npos);
+}
+
 TEST_F(TraceTest, NonNumericDuration) {
   EXPECT_NE(error_of("{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":\"fast\"}\n").find("a string"), std::string::npos);
 }

@@ -6,9 +6,18 @@
 #include <set>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
+#include "spillway/size.h"
+
 namespace spillway::sim {
 
 namespace {
+// The simulated address space (2^24 chunks = 32 TiB) and the total kernel time (2^62 ns)
+// a trace may need: per-chunk tables stay within memory, times within 64 bits.
+constexpr std::uint64_t kMaxArenaChunks = 1ull << 24;
+constexpr std::uint64_t kMaxComputeNs = 1ull << 62;
+
 
 // Best-fit placement of blocks on whole chunks, in chunk units.
 class ChunkAllocator {
@@ -114,6 +123,11 @@ CompiledTrace compile(const trace::Trace& t) {
       case trace::EventKind::alloc: {
         std::uint32_t chunks = static_cast<std::uint32_t>((e.bytes + kChunkBytes - 1) / kChunkBytes);
         std::uint32_t start = arena.allocate(chunks);
+        if (arena.top() > kMaxArenaChunks) {
+          throw trace::TraceError(t.path, e.line,
+                                  fmt::format("the blocks live at once need more than the simulator's {} of address space",
+                                              format_bytes(kMaxArenaChunks * kChunkBytes)));
+        }
         std::uint32_t seq = static_cast<std::uint32_t>(ct.blocks.size());
         ct.blocks.push_back({kArenaBase + std::uint64_t(start) * kChunkBytes, e.bytes, start, chunks});
         live[e.id] = seq;
@@ -177,6 +191,9 @@ CompiledTrace compile(const trace::Trace& t) {
         k.touch_end = static_cast<std::uint32_t>(ct.touches.size());
         if (!k.host) {
           ct.compute_ns += k.dur_ns;
+          if (ct.compute_ns > kMaxComputeNs) {
+            throw trace::TraceError(t.path, e.line, "the kernels' total time exceeds 2^62 ns (about 146 years)");
+          }
           ++ct.kernel_count;
         }
         ct.ops.push_back({k.host ? Op::Kind::host : Op::Kind::kernel, static_cast<std::uint32_t>(ct.kernels.size())});
@@ -225,12 +242,17 @@ CompiledTrace compile(const trace::Trace& t) {
 CompiledTrace compile_file(const std::string& path) { return compile(trace::read_trace(path)); }
 
 std::uint64_t min_fetches(const CompiledTrace& ct, std::uint64_t capacity_chunks) {
+  return min_fetch(ct, capacity_chunks).chunks;
+}
+
+MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks) {
   // Resident chunks in a max-heap keyed by next use (touch index; kNever = never again),
   // with lazy deletion: an entry is current while the chunk is resident with that key.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> heap;  // (next use, chunk)
   std::vector<std::uint32_t> key(ct.arena_chunks, kNever);
   std::vector<bool> in(ct.arena_chunks, false);
-  std::uint64_t resident = 0, fetches = 0;
+  std::uint64_t resident = 0;
+  MinFetch result;
   auto push = [&](std::uint32_t c) {
     heap.emplace_back(key[c], c);
     std::push_heap(heap.begin(), heap.end());
@@ -265,7 +287,10 @@ std::uint64_t min_fetches(const CompiledTrace& ct, std::uint64_t capacity_chunks
         push(c);
         continue;
       }
-      if (!tt.first_touch) ++fetches;
+      if (!tt.first_touch) {
+        ++result.chunks;
+        result.bytes += std::min<std::uint64_t>(kChunkBytes, tt.bytes);
+      }
       if (tt.next == kNever || capacity_chunks == 0) continue;  // bypass
       if (resident >= capacity_chunks) {
         auto [far, victim] = top();
@@ -285,7 +310,7 @@ std::uint64_t min_fetches(const CompiledTrace& ct, std::uint64_t capacity_chunks
       std::make_heap(heap.begin(), heap.end());
     }
   }
-  return fetches;
+  return result;
 }
 
 }  // namespace spillway::sim

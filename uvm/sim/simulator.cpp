@@ -9,11 +9,17 @@
 
 namespace spillway::sim {
 
-std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, std::uint64_t* fetches) {
-  std::uint64_t n = min_fetches(trace, params.capacity_bytes / kChunkBytes);
-  if (fetches != nullptr) *fetches = n;
-  double link_ns = std::ceil(static_cast<double>(n) * static_cast<double>(kChunkBytes) * 1e9 / params.link.h2d_bytes_per_s);
+namespace {
+std::uint64_t bound_from(const CompiledTrace& trace, const SimParams& params, const MinFetch& m) {
+  double link_ns = std::ceil(static_cast<double>(m.bytes) * 1e9 / params.link.h2d_bytes_per_s);
   return std::max<std::uint64_t>(trace.compute_ns, static_cast<std::uint64_t>(link_ns));
+}
+}  // namespace
+
+std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, MinFetch* fetches) {
+  MinFetch m = min_fetch(trace, params.capacity_bytes / kChunkBytes);
+  if (fetches != nullptr) *fetches = m;
+  return bound_from(trace, params, m);
 }
 
 OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chunks) {
@@ -30,17 +36,17 @@ OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chun
 }
 
 CellResult run_cell(const CompiledTrace& trace, const std::string& policy_name, const SimParams& params,
-                    std::vector<Span>* spans, const std::uint64_t* min_fetch_chunks) {
+                    std::vector<Span>* spans, const MinFetch* min_fetch_given) {
   const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
   OracleFuture future;
   if (policy_name == "oracle") future = make_future(trace, capacity_chunks);
   std::unique_ptr<Policy> policy = make_sim_policy(policy_name, &future);
   if (!policy) throw std::invalid_argument(fmt::format("unknown policy '{}'", policy_name));
-  return run_cell(trace, std::move(policy), params, spans, min_fetch_chunks);
+  return run_cell(trace, std::move(policy), params, spans, min_fetch_given);
 }
 
 CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,
-                    std::vector<Span>* spans, const std::uint64_t* min_fetch_chunks) {
+                    std::vector<Span>* spans, const MinFetch* min_fetch_given) {
   const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
   const std::string policy_name(policy->name());
   SimBackend backend(trace, params, spans != nullptr);
@@ -94,13 +100,11 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   r.link = params.link.name;
   r.capacity_bytes = params.capacity_bytes;
   r.capacity_frac = trace.peak_bytes == 0 ? 0.0 : static_cast<double>(params.capacity_bytes) / static_cast<double>(trace.peak_bytes);
-  if (min_fetch_chunks != nullptr) {
-    r.min_fetch_chunks = *min_fetch_chunks;
-    double link_ns = std::ceil(static_cast<double>(r.min_fetch_chunks) * static_cast<double>(kChunkBytes) * 1e9 /
-                               params.link.h2d_bytes_per_s);
-    r.bound_ns = std::max<std::uint64_t>(trace.compute_ns, static_cast<std::uint64_t>(link_ns));
+  if (min_fetch_given != nullptr) {
+    r.min_fetch = *min_fetch_given;
+    r.bound_ns = bound_from(trace, params, r.min_fetch);
   } else {
-    r.bound_ns = lower_bound_ns(trace, params, &r.min_fetch_chunks);
+    r.bound_ns = lower_bound_ns(trace, params, &r.min_fetch);
   }
   r.sim = backend.stats();
   r.engine = engine.stats();

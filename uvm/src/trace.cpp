@@ -205,6 +205,7 @@ void Reader::parse_event(const std::string& text, Event& ev) {
     ev.id = get_uint(o, "id", bad);
     ev.bytes = get_uint(o, "bytes", bad);
     if (ev.bytes == 0) fail("\"bytes\" must be positive");
+    if (ev.bytes > kMaxBlockBytes) fail(fmt::format("\"bytes\" {} exceeds the 16 TiB ({}) a block may have", ev.bytes, kMaxBlockBytes));
     if (auto a = o.find("addr"); a != o.end() && !a->is_null()) {
       ev.addr = get_uint(o, "addr", bad);
       ev.has_addr = true;
@@ -237,6 +238,7 @@ void Reader::parse_event(const std::string& text, Event& ev) {
     } else {
       fail(fmt::format("\"dur_ns\" must be a non-negative number of nanoseconds, not {} ({})", type_name(*dur), dur->dump()));
     }
+    if (ev.dur_ns > kMaxKernelNs) fail(fmt::format("\"dur_ns\" {} exceeds the 2^50 ns (about 13 days) a kernel may take", ev.dur_ns));
     ev.stream = 0;
     if (auto s = o.find("stream"); s != o.end() && !s->is_null()) ev.stream = get_uint(o, "stream", bad);
     parse_ranges(o, "reads", ev.reads);

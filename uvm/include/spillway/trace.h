@@ -22,6 +22,11 @@
 namespace spillway::trace {
 
 inline constexpr int kVersion = 1;
+// Limits a line must keep (larger values are errors that name the line): a block of at most
+// 16 TiB, a kernel of at most 2^50 ns (about 13 days). They keep every size and time the
+// simulator derives within 64 bits.
+inline constexpr std::uint64_t kMaxBlockBytes = 1ull << 44;
+inline constexpr std::uint64_t kMaxKernelNs = 1ull << 50;
 inline constexpr const char* kFormatName = "spillway-trace";
 
 // A malformed or unreadable trace. what() is "FILE:LINE: message" (LINE counts from 1; 0

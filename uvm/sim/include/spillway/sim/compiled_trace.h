@@ -82,11 +82,19 @@ CompiledTrace compile(const trace::Trace& trace);
 // Reads (trace::read_trace) and compiles. Throws trace::TraceError.
 CompiledTrace compile_file(const std::string& path);
 
-// MIN_H2D of the lower bound (issue 3 §5): the number of chunk fetches under Belady's MIN
-// with bypass at `capacity_chunks`, over the kernels' chunk touches in order. The first
-// touch of a chunk after its block's alloc is free; a freed block's chunks leave at no cost;
-// a missing chunk whose next use is later than every resident chunk's (or never) is read
-// remotely and not kept. O(touches log capacity).
+// MIN_H2D of the lower bound (issue 3 §5): the misses under Belady's MIN with bypass at
+// `capacity_chunks`, over the kernels' chunk touches in order. The first touch of a chunk
+// after its block's alloc is free; a freed block's chunks leave at no cost; a missing chunk
+// whose next use is later than every resident chunk's (or never) is read remotely and not
+// kept. `chunks` counts the misses; `bytes` charges each the cheaper of a 2 MiB fetch and a
+// remote read of the bytes that access touches (the same as chunks x 2 MiB when kernels
+// touch whole chunks). O(touches log capacity).
+struct MinFetch {
+  std::uint64_t chunks = 0;
+  std::uint64_t bytes = 0;
+};
+MinFetch min_fetch(const CompiledTrace& trace, std::uint64_t capacity_chunks);
+// min_fetch(...).chunks.
 std::uint64_t min_fetches(const CompiledTrace& trace, std::uint64_t capacity_chunks);
 
 }  // namespace spillway::sim
