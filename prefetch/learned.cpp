@@ -336,7 +336,16 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   };
   auto lo = resident_.begin();
   auto hi = resident_.rbegin();
-  auto take_victim = [&](std::uint64_t need) {
+  // Would a chunk next used at `nu` stay resident until then if nothing were prefetched early?
+  // Yes when the launches before it touch fewer chunks than the GPU holds (by the history
+  // from the anchor); then evicting it early adds a miss that MIN would not have.
+  auto survives = [&](std::uint64_t nu) {
+    if (found == kNone || budget_chunks_ == 0 || nu <= seq_) return false;
+    const std::uint64_t q2 = found + (nu - seq_);
+    if (q2 >= log_.size()) return false;
+    return log_[q2].touch_begin - log_[found].touch_end < budget_chunks_;
+  };
+  auto take_victim = [&](std::uint64_t need, std::uint64_t floor = 0) {
     while (lo != resident_.end() && lo->first < seq_ && unavailable(lo->second)) ++lo;
     if (lo != resident_.end() && lo->first < seq_) {
       ++lo;
@@ -344,9 +353,22 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     }
     while (hi != resident_.rend() && unavailable(hi->second)) ++hi;
     if (hi == resident_.rend() || hi->first <= need || hi->first < seq_) return false;
+    if (hi->first < floor && survives(hi->first)) return false;
     ++hi;
     return true;
   };
+  // MIN's victim, taken early. A prefetch for launch s evicts now the resident chunk with the
+  // furthest predicted use; waiting until s, MIN would evict the chunk then furthest — which
+  // may be one touched before s (this launch's included) and needed again later than this
+  // victim. Evicting early is what MIN would do only if the victim's next use is no sooner
+  // than that of every chunk touched from now until s (conservative prefetching: Cao,
+  // Felten, Karlin, Li, SIGMETRICS 1995). Chunks predicted dead after their touch leave and
+  // do not count. `floor` is the largest of those next uses.
+  std::uint64_t floor = 0;
+  auto raise_floor = [&](std::uint64_t post) {
+    if (post < kFar) floor = std::max(floor, post);
+  };
+  for (std::uint32_t i = cur.touch_begin; i < cur.touch_end; ++i) raise_floor(chunks_[touches_[i].chunk].nu);
   const double now = static_cast<double>(launch.now_ns);
   const double chunk_ns = static_cast<double>(kChunkBytes) * 1e9 / p_.link_bytes_per_s;
   link_free_ns_ = std::max(link_free_ns_, now);
@@ -438,7 +460,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
       }
       if (free > 0) {
         --free;
-      } else if (!take_victim(s)) {
+      } else if (!take_victim(s, floor)) {
         stop = true;
         break;
       }
@@ -449,6 +471,10 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
       link_free_ns_ += chunk_ns;
     }
     if (stop) break;
+    for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
+      const std::uint32_t nt = touches_[t].next;
+      if (nt != kNone && !touches_[nt].fresh) raise_floor(s + (touches_[nt].entry - q));
+    }
   }
   ahead_ = s - 1;
 }
