@@ -111,8 +111,8 @@ std::uint64_t LearnedPolicy::guess_next_use(const ChunkInfo& info) const {
   const SigInfo& sg = sigs_[info.sig];
   if (sg.dead > 0.5) return kFar;
   if (sg.reuse <= 0) return 0;
-  // Twice the mean distance: a guess, ranked behind the exact predictions of the history
-  // and not taken for a misprediction while the usual reuse may still come.
+  // guess_factor (2) times the mean distance: a guess, ranked behind the exact predictions
+  // of the history and not taken for a misprediction while the usual reuse may still come.
   return info.last_seq + std::max<std::uint64_t>(1, static_cast<std::uint64_t>(p_.guess_factor * sg.reuse + 0.5));
 }
 
@@ -363,7 +363,9 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   // victim. Evicting early is what MIN would do only if the victim's next use is no sooner
   // than that of every chunk touched from now until s (conservative prefetching: Cao,
   // Felten, Karlin, Li, SIGMETRICS 1995). Chunks predicted dead after their touch leave and
-  // do not count. `floor` is the largest of those next uses.
+  // do not count. `floor` is the largest of those next uses, over this launch and the
+  // launches this walk passes (a walk resumed in step does not see again those that earlier
+  // walks passed: there the floor is lower than MIN's, and the check more lenient).
   std::uint64_t floor = 0;
   auto raise_floor = [&](std::uint64_t post) {
     if (post < kFar) floor = std::max(floor, post);
