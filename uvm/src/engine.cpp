@@ -66,12 +66,6 @@ class Engine::Residency final : public VictimQuery {
     nodes_[it->second].pin = epoch;
     return true;
   }
-  // The block covering the whole chunk recorded at insertion (0, 0: unknown).
-  void cover(ChunkIndex c, std::uint64_t* base, std::uint64_t* end) const {
-    auto it = index_.find(c);
-    *base = it == index_.end() ? 0 : nodes_[it->second].base;
-    *end = it == index_.end() ? 0 : nodes_[it->second].end;
-  }
   void insert_pinned(ChunkIndex c, std::uint64_t base = 0, std::uint64_t end = 0) {
     std::uint32_t n;
     if (!free_.empty()) {
@@ -85,9 +79,13 @@ class Engine::Residency final : public VictimQuery {
     link_tail(n);
     index_.emplace(c, n);
   }
-  bool erase(ChunkIndex c) {
+  // Removes `c`; false if it was not resident. With `block`, stores there the block
+  // recorded at insertion ([base, end); 0, 0 when unknown).
+  bool erase(ChunkIndex c, std::uint64_t* base = nullptr, std::uint64_t* end = nullptr) {
     auto it = index_.find(c);
     if (it == index_.end()) return false;
+    if (base != nullptr) *base = nodes_[it->second].base;
+    if (end != nullptr) *end = nodes_[it->second].end;
     unlink(it->second);
     free_.push_back(it->second);
     index_.erase(it);
@@ -268,14 +266,17 @@ bool Engine::make_room(std::vector<Move>& moves) {
     ChunkIndex victim = 0;
     bool ok = policy_->choose_victim(r, &victim) && r.contains(victim) && !r.pinned(victim);
     if (!ok && !r.lru_unpinned(&victim)) return false;
-    Move m{victim, Location::cpu};
-    r.cover(victim, &m.base, &m.end);
-    r.erase(victim);
-    policy_->on_residency(victim, false);
-    moves.push_back(m);
-    ++counters_.evicted_chunks;
+    plan_eviction(victim, moves);
   }
   return true;
+}
+
+void Engine::plan_eviction(ChunkIndex c, std::vector<Move>& moves) {
+  Move m{c, Location::cpu};
+  residency_->erase(c, &m.base, &m.end);
+  policy_->on_residency(c, false);
+  moves.push_back(m);
+  ++counters_.evicted_chunks;
 }
 
 void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves) {
@@ -293,14 +294,7 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
   for (const Action& a : actions.list) {
     if (a.kind != Action::Kind::prefetch || a.where != Location::cpu) continue;
     for_chunks(a.addr, a.bytes, [&](ChunkIndex c) {
-      if (r.contains(c) && !r.pinned(c)) {
-        Move m{c, Location::cpu};
-        r.cover(c, &m.base, &m.end);
-        r.erase(c);
-        policy_->on_residency(c, false);
-        moves.push_back(m);
-        ++counters_.evicted_chunks;
-      }
+      if (r.contains(c) && !r.pinned(c)) plan_eviction(c, moves);
       return true;
     });
   }

@@ -159,6 +159,8 @@ class Engine {
   };
   void plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves);
   bool make_room(std::vector<Move>& moves);
+  // Takes resident chunk `c` out of the plan and queues its move to the host.
+  void plan_eviction(ChunkIndex c, std::vector<Move>& moves);
   void carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned);
 
   bool reserve(std::uint64_t bytes);
