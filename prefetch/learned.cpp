@@ -4,6 +4,8 @@
 #include <functional>
 #include <string_view>
 
+#include "victim_scan.h"
+
 namespace spillway {
 
 namespace {
@@ -141,16 +143,7 @@ bool LearnedPolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) 
     }
   }
   // 2. The furthest predicted next use (Belady's MIN on the learned future).
-  auto it = hint_valid_ ? std::make_reverse_iterator(resident_.upper_bound(hint_)) : resident_.rbegin();
-  for (; it != resident_.rend(); ++it) {
-    if (!query.pinned(it->second)) {
-      *victim = it->second;
-      hint_ = *it;
-      hint_valid_ = true;
-      return true;
-    }
-  }
-  return false;
+  return furthest_unpinned(resident_, query, &hint_, &hint_valid_, victim);
 }
 
 // ---- the history ----

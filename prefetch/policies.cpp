@@ -1,6 +1,7 @@
 #include "policies.h"
 
 #include "learned.h"
+#include "victim_scan.h"
 
 #include <algorithm>
 
@@ -175,16 +176,7 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
 }
 
 bool OraclePolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) {
-  auto it = hint_valid_ ? std::make_reverse_iterator(resident_.upper_bound(victim_hint_)) : resident_.rbegin();
-  for (; it != resident_.rend(); ++it) {
-    if (!query.pinned(it->second)) {
-      *victim = it->second;
-      victim_hint_ = *it;
-      hint_valid_ = true;
-      return true;
-    }
-  }
-  return false;
+  return furthest_unpinned(resident_, query, &victim_hint_, &hint_valid_, victim);
 }
 
 // ---- registry ----
