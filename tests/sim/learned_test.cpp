@@ -11,54 +11,14 @@
 #include "learned.h"
 #include "policies.h"
 #include "spillway/sim/simulator.h"
+#include "trace_builder.h"
 
 namespace spillway::sim {
 namespace {
 
-constexpr std::uint64_t kMs = 1'000'000;  // ns
-
-struct Builder {
-  trace::Trace t;
-  std::map<std::uint64_t, std::uint64_t> live;
-  Builder() { t.path = "learned.jsonl"; }
-  Builder& alloc(std::uint64_t id, std::uint64_t bytes) {
-    trace::Event e;
-    e.kind = trace::EventKind::alloc;
-    e.id = id;
-    e.bytes = bytes;
-    live[id] = bytes;
-    t.events.push_back(e);
-    return *this;
-  }
-  Builder& free(std::uint64_t id) {
-    trace::Event e;
-    e.kind = trace::EventKind::free;
-    e.id = id;
-    live.erase(id);
-    t.events.push_back(e);
-    return *this;
-  }
-  Builder& kernel(const std::string& name, std::uint64_t dur, std::vector<std::uint64_t> reads,
-                  std::vector<std::uint64_t> writes = {}) {
-    trace::Event e;
-    e.kind = trace::EventKind::kernel;
-    e.name = name;
-    e.dur_ns = dur;
-    for (auto id : reads) e.reads.push_back(trace::Range{id, 0, live.at(id), true});
-    for (auto id : writes) e.writes.push_back(trace::Range{id, 0, live.at(id), true});
-    t.events.push_back(e);
-    return *this;
-  }
-};
-
-// One 2 MiB chunk per ms each way, 10 us per fault batch, faults 2x slower.
-SimParams slow_link(std::uint64_t capacity_chunks) {
-  SimParams p = default_params();
-  p.link = LinkProfile{"test", 2097152e3, 2097152e3, 10'000, "test"};
-  p.fault_slowdown = 2.0;
-  p.capacity_bytes = capacity_chunks * kChunkBytes;
-  return p;
-}
+using testing::Builder;
+using testing::kMs;
+using testing::slow_link;
 
 // `blocks` persistent one-chunk blocks, written once, then `cycles` times the same
 // sequence of kernels, kernel i reading block i (2 ms each): a loop over data twice the GPU.
