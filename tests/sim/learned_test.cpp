@@ -3,7 +3,6 @@
 // pattern against `demand`, and the proof that it never sees the future.
 #include <gtest/gtest.h>
 
-#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -131,39 +130,8 @@ TEST(LearnedTest, VariableLengthsAndValidationPass) {
   EXPECT_GE(l.sim.time_ns, l.bound_ns);
 }
 
-Builder random_pattern(std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Builder b;
-  std::vector<std::uint64_t> live;
-  std::uint64_t next = 1;
-  for (int step = 0; step < 600; ++step) {
-    int what = static_cast<int>(rng() % 10);
-    if (what < 2 || live.size() < 4) {
-      std::uint64_t bytes = 1 + rng() % (3 * kChunkBytes);
-      b.alloc(next, bytes);
-      live.push_back(next++);
-    } else if (what < 3 && live.size() > 4) {
-      std::size_t i = rng() % live.size();
-      b.free(live[i]);
-      live.erase(live.begin() + static_cast<long>(i));
-    } else {
-      trace::Event e;
-      e.kind = trace::EventKind::kernel;
-      e.name = "k" + std::to_string(rng() % 5);
-      e.dur_ns = 1000 + rng() % (2 * kMs);
-      int n = 1 + static_cast<int>(rng() % 3);
-      for (int j = 0; j < n; ++j) {
-        std::uint64_t id = live[rng() % live.size()];
-        std::uint64_t bytes = b.live.at(id);
-        std::uint64_t off = rng() % bytes;
-        trace::Range r{id, off, 1 + rng() % (bytes - off), false};
-        (rng() % 2 ? e.reads : e.writes).push_back(r);
-      }
-      b.t.events.push_back(e);
-    }
-  }
-  return b;
-}
+// Random blocks and kernels with no pattern to learn (seeded).
+Builder random_pattern(std::uint64_t seed) { return testing::random_trace(seed, {600, 2, 3, 4, 3, 5, 3}); }
 
 // A loop over twice the GPU with short kernels: the link is the bottleneck, every chunk
 // comes back one loop later, so each incoming chunk would displace one needed sooner. MIN

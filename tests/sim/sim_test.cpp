@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -55,37 +54,7 @@ CompiledTrace training_loop(int iterations, int layers, std::uint64_t act_bytes,
 
 // Random blocks and kernels (seeded): sub-chunk and multi-chunk blocks, partial ranges.
 CompiledTrace random_trace(std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Builder b;
-  std::vector<std::uint64_t> live;
-  std::uint64_t next = 1;
-  for (int step = 0; step < 400; ++step) {
-    int what = static_cast<int>(rng() % 10);
-    if (what < 3 || live.size() < 3) {
-      std::uint64_t bytes = 1 + rng() % (5 * kChunkBytes);
-      b.alloc(next, bytes);
-      live.push_back(next++);
-    } else if (what < 4 && live.size() > 3) {
-      std::size_t i = rng() % live.size();
-      b.free(live[i]);
-      live.erase(live.begin() + static_cast<long>(i));
-    } else {
-      trace::Event e;
-      e.kind = trace::EventKind::kernel;
-      e.name = "k" + std::to_string(rng() % 7);
-      e.dur_ns = 1000 + rng() % (2 * kMs);
-      int n = 1 + static_cast<int>(rng() % 4);
-      for (int j = 0; j < n; ++j) {
-        std::uint64_t id = live[rng() % live.size()];
-        std::uint64_t bytes = b.live.at(id);
-        std::uint64_t off = rng() % bytes;
-        trace::Range r{id, off, 1 + rng() % (bytes - off), false};
-        (rng() % 2 ? e.reads : e.writes).push_back(r);
-      }
-      b.t.events.push_back(e);
-    }
-  }
-  return b.compile();
+  return testing::random_trace(seed, {400, 3, 4, 3, 5, 7, 4}).compile();
 }
 
 const std::vector<std::string> kPolicies{"demand", "advise", "sequential", "correlation", "oracle"};

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,52 @@ struct Builder {
   }
   CompiledTrace compile() const { return sim::compile(t); }
 };
+
+// The shape of a seeded random trace: per step, with `what` = rng() % 10, a block is
+// allocated when what < alloc_below or fewer than min_live are live (1 to max_chunks chunks'
+// worth of bytes), freed when what < free_below and more than min_live are live, else a
+// kernel ("k0".."k<names-1>", 1 us to 2 ms) touches 1 to max_ranges random parts of live
+// blocks, each read or written. Sub-chunk and multi-chunk blocks, partial ranges.
+struct RandomShape {
+  int steps;
+  int alloc_below, free_below;
+  std::size_t min_live;
+  std::uint64_t max_chunks;
+  int names, max_ranges;
+};
+
+inline Builder random_trace(std::uint64_t seed, const RandomShape& shape) {
+  std::mt19937_64 rng(seed);
+  Builder b;
+  std::vector<std::uint64_t> live;
+  std::uint64_t next = 1;
+  for (int step = 0; step < shape.steps; ++step) {
+    int what = static_cast<int>(rng() % 10);
+    if (what < shape.alloc_below || live.size() < shape.min_live) {
+      b.alloc(next, 1 + rng() % (shape.max_chunks * kChunkBytes));
+      live.push_back(next++);
+    } else if (what < shape.free_below && live.size() > shape.min_live) {
+      std::size_t i = rng() % live.size();
+      b.free(live[i]);
+      live.erase(live.begin() + static_cast<long>(i));
+    } else {
+      trace::Event e;
+      e.kind = trace::EventKind::kernel;
+      e.name = "k" + std::to_string(rng() % static_cast<std::uint64_t>(shape.names));
+      e.dur_ns = 1000 + rng() % (2 * kMs);
+      int n = 1 + static_cast<int>(rng() % static_cast<std::uint64_t>(shape.max_ranges));
+      for (int j = 0; j < n; ++j) {
+        std::uint64_t id = live[rng() % live.size()];
+        std::uint64_t bytes = b.live.at(id);
+        std::uint64_t off = rng() % bytes;
+        trace::Range r{id, off, 1 + rng() % (bytes - off), false};
+        (rng() % 2 ? e.reads : e.writes).push_back(r);
+      }
+      b.t.events.push_back(e);
+    }
+  }
+  return b;
+}
 
 // A link that moves one 2 MiB chunk per ms each way, 10 us per fault batch, faults 2x slower,
 // with a GPU of `capacity_chunks` chunks.
