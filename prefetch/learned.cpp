@@ -296,6 +296,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   const Entry& cur = log_[n];
   const bool zip = found != kNone && log_[found].touch_end - log_[found].touch_begin == cur.touch_end - cur.touch_begin;
   missing_.clear();
+  std::uint64_t floor = 0;  // the largest next use of this launch's chunks (see take_victim)
   for (std::uint32_t i = 0; i < cur.touch_end - cur.touch_begin; ++i) {
     const ChunkIndex c = touches_[cur.touch_begin + i].chunk;
     ChunkInfo& info = chunks_[c];
@@ -314,6 +315,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     info.mark = stamp_ + kCurrent;
     prefetch_outcome(info, info.nu >= seq_);  // used by the launch it was fetched for
     set_next_use(c, info, nu);
+    if (nu < kFar) floor = std::max(floor, nu);
     if (!info.resident) missing_.emplace_back(c, zip);
   }
 
@@ -359,11 +361,9 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   // do not count. `floor` is the largest of those next uses, over this launch and the
   // launches this walk passes (a walk resumed in step does not see again those that earlier
   // walks passed: there the floor is lower than MIN's, and the check more lenient).
-  std::uint64_t floor = 0;
   auto raise_floor = [&](std::uint64_t post) {
     if (post < kFar) floor = std::max(floor, post);
   };
-  for (std::uint32_t i = cur.touch_begin; i < cur.touch_end; ++i) raise_floor(chunks_[touches_[i].chunk].nu);
   const double now = static_cast<double>(launch.now_ns);
   const double chunk_ns = static_cast<double>(kChunkBytes) * 1e9 / p_.link_bytes_per_s;
   link_free_ns_ = std::max(link_free_ns_, now);
