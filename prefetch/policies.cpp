@@ -146,6 +146,8 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
       ++victim;
     }
     if (victim == resident_.rend() || victim->first <= need) return false;
+    // Early, for a prefetch: only a chunk that MIN itself lets go before its next use.
+    if (need > 0 && victim->first != kNoUse && future_.touches[victim->first].min_hit) return false;
     ++victim;
     return true;
   };

@@ -93,6 +93,7 @@ struct OracleFuture {
     ChunkIndex chunk;
     std::uint32_t next;   // index in touches of the next touch of the same chunk and block, or UINT32_MAX
     std::uint32_t block;  // allocation number (0 = the first on_alloc) of the block holding it
+    bool min_hit;         // Belady's MIN at capacity_chunks finds the chunk resident here
   };
   std::vector<Touch> touches;
   std::vector<std::uint32_t> launch_begin;  // launch i's touches: [launch_begin[i], launch_begin[i+1])
@@ -103,6 +104,9 @@ struct OracleFuture {
 // `oracle` (simulator only): Belady's MIN eviction (evict the resident chunk used furthest
 // in the future) and perfect prefetch (fetch, in order of need, every upcoming chunk whose
 // next use comes before that of the chunk it would displace, as long as its block exists).
+// A prefetch displaces a chunk early only if MIN does not keep that chunk until its next use
+// (`min_hit` of that use is false): evicting a chunk MIN keeps adds a fetch MIN does not make
+// (conservative prefetching, Cao, Felten, Karlin and Li, SIGMETRICS 1995).
 class OraclePolicy final : public Policy {
  public:
   // `future` must outlive the policy.

@@ -245,7 +245,8 @@ std::uint64_t min_fetches(const CompiledTrace& ct, std::uint64_t capacity_chunks
   return min_fetch(ct, capacity_chunks).chunks;
 }
 
-MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks) {
+MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vector<bool>* hits) {
+  if (hits != nullptr) hits->assign(ct.touches.size(), false);
   // Resident chunks in a max-heap keyed by next use (touch index; kNever = never again),
   // with lazy deletion: an entry is current while the chunk is resident with that key.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> heap;  // (next use, chunk)
@@ -283,6 +284,7 @@ MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks) {
       const ChunkTouch& tt = ct.touches[j];
       std::uint32_t c = tt.chunk;
       if (in[c]) {
+        if (hits != nullptr) (*hits)[j] = true;
         key[c] = tt.next;
         push(c);
         continue;

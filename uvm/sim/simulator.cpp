@@ -26,7 +26,12 @@ OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chun
   OracleFuture f;
   f.capacity_chunks = capacity_chunks;
   f.touches.reserve(trace.touches.size());
-  for (const ChunkTouch& t : trace.touches) f.touches.push_back({trace.absolute_chunk(t.chunk), t.next, t.block});
+  std::vector<bool> min_hits;
+  min_fetch(trace, capacity_chunks, &min_hits);
+  for (std::size_t i = 0; i < trace.touches.size(); ++i) {
+    const ChunkTouch& t = trace.touches[i];
+    f.touches.push_back({trace.absolute_chunk(t.chunk), t.next, t.block, static_cast<bool>(min_hits[i])});
+  }
   for (const KernelRecord& k : trace.kernels) {
     if (k.host) continue;
     f.launch_begin.push_back(k.touch_begin);

@@ -93,7 +93,10 @@ struct MinFetch {
   std::uint64_t chunks = 0;
   std::uint64_t bytes = 0;
 };
-MinFetch min_fetch(const CompiledTrace& trace, std::uint64_t capacity_chunks);
+// With `hits`, also stores per touch (index in trace.touches) whether MIN found its chunk
+// resident there (true) or fetched it, read it remotely or first-touched it (false); host
+// touches are false.
+MinFetch min_fetch(const CompiledTrace& trace, std::uint64_t capacity_chunks, std::vector<bool>* hits = nullptr);
 // min_fetch(...).chunks.
 std::uint64_t min_fetches(const CompiledTrace& trace, std::uint64_t capacity_chunks);
 
