@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <optional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -68,6 +70,58 @@ TEST(AllocationTable, RefusesOverlapAndEmptyBlocks) {
 
 // 16 threads insert and erase disjoint ranges, 1,000,000 operations in total, while
 // readers look addresses up; afterwards the table is exactly what the threads left in it.
+// The per-chunk index against a plain search: blocks from 1 KiB to 40 MiB, packed so that
+// chunks are shared by several blocks, span index pages (8 GiB) and are freed in any order;
+// every probe (block edges, chunk edges, gaps) must agree with a linear scan.
+TEST(AllocationTable, ChunkIndexAgreesWithAPlainSearch) {
+  constexpr std::uint64_t kMiB = 1ull << 20;
+  AllocationTable t;
+  std::vector<Block> live;
+  std::mt19937_64 rng(7);
+  std::uint64_t next_base = 8192ull * kMiB - 64 * kMiB;  // close below an index page boundary
+  auto expected = [&](std::uint64_t addr) -> const Block* {
+    for (const Block& b : live) if (b.contains(addr)) return &b;
+    return nullptr;
+  };
+  auto probe = [&](std::uint64_t addr) {
+    const Block* want = expected(addr);
+    std::optional<Block> got = t.find(addr);
+    ASSERT_EQ(got.has_value(), want != nullptr) << std::hex << addr;
+    if (want != nullptr) EXPECT_EQ(got->id, want->id) << std::hex << addr;
+  };
+  for (int step = 0; step < 3000; ++step) {
+    if (live.size() < 4 || rng() % 3 != 0) {
+      const std::uint64_t sizes[] = {1024, 300 * 1024, 2 * kMiB - 4096, 2 * kMiB, 3 * kMiB, 40 * kMiB};
+      const std::uint64_t bytes = sizes[rng() % 6];
+      next_base += (rng() % 4) * 4096;  // gaps, or none
+      Block b = make(next_base, bytes, static_cast<std::uint64_t>(step + 1));
+      ASSERT_TRUE(t.insert(b));
+      live.push_back(b);
+      next_base += bytes;
+      if (rng() % 50 == 0) next_base += 8192ull * kMiB;  // skip a whole index page
+    } else {
+      const std::size_t i = rng() % live.size();
+      ASSERT_TRUE(t.erase(live[i].base).has_value());
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    for (int k = 0; k < 4 && !live.empty(); ++k) {
+      const Block& b = live[rng() % live.size()];
+      const std::uint64_t chunk_start = b.base / (2 * kMiB) * (2 * kMiB);
+      for (std::uint64_t a : {b.base, b.end() - 1, b.end(), b.base - 1, b.base + b.bytes / 2, chunk_start,
+                              chunk_start + 2 * kMiB - 1, chunk_start + 2 * kMiB}) {
+        probe(a);
+      }
+    }
+  }
+  while (!live.empty()) {
+    const std::uint64_t base = live.back().base;
+    live.pop_back();
+    ASSERT_TRUE(t.erase(base).has_value());
+    probe(base);
+  }
+  EXPECT_EQ(t.size(), 0u);
+}
+
 TEST(AllocationTable, ConcurrentDisjointInsertEraseStaysConsistent) {
   AllocationTable t;
   constexpr int kThreads = 16;

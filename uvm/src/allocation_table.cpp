@@ -4,6 +4,10 @@
 
 namespace spillway {
 
+namespace {
+std::uint64_t chunk_index(std::uint64_t addr) { return addr / kChunkBytes; }
+}  // namespace
+
 const char* to_string(AllocKind kind) {
   switch (kind) {
     case AllocKind::alloc: return "cuMemAlloc";
@@ -17,14 +21,55 @@ const char* to_string(AllocKind kind) {
   return "unknown";
 }
 
+const Block AllocationTable::kShared{};
+
+const Block** AllocationTable::slot(std::uint64_t chunk, bool create) {
+  auto it = pages_.find(chunk >> kPageBits);
+  if (it == pages_.end()) {
+    if (!create) return nullptr;
+    it = pages_.emplace(chunk >> kPageBits, std::make_unique<Page>()).first;
+  }
+  return &it->second->slot[chunk & (kPageChunks - 1)];
+}
+
+void AllocationTable::set_slot(std::uint64_t chunk, const Block* block) {
+  const Block** s = slot(chunk, block != nullptr);
+  if (s == nullptr || *s == block) return;
+  Page& page = *pages_.at(chunk >> kPageBits);
+  if (*s == nullptr) ++page.used;
+  if (block == nullptr) --page.used;
+  *s = block;
+  if (page.used == 0) pages_.erase(chunk >> kPageBits);
+}
+
+void AllocationTable::reindex(std::uint64_t chunk) {
+  const std::uint64_t lo = chunk * kChunkBytes, hi = lo + kChunkBytes;
+  const Block* only = nullptr;
+  int overlapping = 0;
+  auto it = blocks_.upper_bound(lo);
+  if (it != blocks_.begin() && std::prev(it)->second.end() > lo) {
+    only = &std::prev(it)->second;
+    ++overlapping;
+  }
+  for (; it != blocks_.end() && it->first < hi && overlapping < 2; ++it) {
+    only = &it->second;
+    ++overlapping;
+  }
+  set_slot(chunk, overlapping == 0 ? nullptr : overlapping == 1 ? only : &kShared);
+}
+
 bool AllocationTable::insert(const Block& block) {
   if (block.bytes == 0 || block.base + block.bytes < block.base) return false;
   std::unique_lock lock(mutex_);
   auto next = blocks_.lower_bound(block.base);
   if (next != blocks_.end() && next->first < block.end()) return false;
   if (next != blocks_.begin() && std::prev(next)->second.end() > block.base) return false;
-  blocks_.emplace_hint(next, block.base, block);
+  const Block* b = &blocks_.emplace_hint(next, block.base, block)->second;
   bytes_ += block.bytes;
+  const std::uint64_t first = chunk_index(block.base), last = chunk_index(block.end() - 1);
+  for (std::uint64_t c = first + 1; c < last; ++c) set_slot(c, b);  // its own
+  reindex(first);
+  if (last != first) reindex(last);
   return true;
 }
 
@@ -35,11 +80,23 @@ std::optional<Block> AllocationTable::erase(std::uint64_t base) {
   Block b = it->second;
   bytes_ -= b.bytes;
   blocks_.erase(it);
+  const std::uint64_t first = chunk_index(b.base), last = chunk_index(b.end() - 1);
+  for (std::uint64_t c = first + 1; c < last; ++c) set_slot(c, nullptr);
+  reindex(first);
+  if (last != first) reindex(last);
   return b;
 }
 
 std::optional<Block> AllocationTable::find(std::uint64_t addr) const {
   std::shared_lock lock(mutex_);
+  auto page = pages_.find(chunk_index(addr) >> kPageBits);
+  if (page == pages_.end()) return std::nullopt;
+  const Block* only = page->second->slot[chunk_index(addr) & (kPageChunks - 1)];
+  if (only == nullptr) return std::nullopt;
+  if (only != &kShared) {
+    if (!only->contains(addr)) return std::nullopt;
+    return *only;
+  }
   auto it = blocks_.upper_bound(addr);
   if (it == blocks_.begin()) return std::nullopt;
   --it;

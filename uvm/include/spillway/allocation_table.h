@@ -1,19 +1,27 @@
 // The Engine's allocation table: an interval map from address to live managed Block.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <shared_mutex>
+#include <unordered_map>
 
 #include "spillway/types.h"
 
 namespace spillway {
 
 // Thread-safe: any number of concurrent readers (find, contains) and writers (insert,
-// erase); readers share a lock, writers take it exclusively. Lookups are O(log n) and do
-// not allocate. Blocks never overlap (the driver never hands out overlapping ranges);
-// insert() refuses a block that would.
+// erase); readers share a lock, writers take it exclusively. Lookups do not allocate: an
+// address in a 2 MiB chunk that one live block alone overlaps (every chunk of a block of
+// 2 MiB or more but its first and last) is found in O(1) through a per-chunk index (two
+// loads: a page of 4096 chunks, then the chunk); other addresses (chunks shared by several
+// blocks, as sub-2 MiB blocks share them) take O(log n) in an ordered map. insert() and
+// erase() are O(log n + chunks of the block); the index takes 8 bytes per 2 MiB of address
+// space near live blocks (32 KiB per 8 GiB). Blocks never overlap (the driver never hands
+// out overlapping ranges); insert() refuses a block that would.
 class AllocationTable {
  public:
   // Adds `block`; false (and no change) if it overlaps a live block or has 0 bytes.
@@ -28,8 +36,23 @@ class AllocationTable {
   std::uint64_t bytes() const;  // sum of live blocks' bytes
 
  private:
+  // Chunk index: per 2 MiB chunk, nullptr (no live block overlaps it), the one live block
+  // that overlaps it (a node of blocks_: stable until erased), or &kShared (several: search
+  // blocks_). Pages of kPageChunks chunks, allocated while some chunk of theirs is overlapped.
+  static constexpr unsigned kPageBits = 12;
+  static constexpr std::uint64_t kPageChunks = 1ull << kPageBits;
+  struct Page {
+    std::array<const Block*, kPageChunks> slot{};
+    std::uint64_t used = 0;  // non-null slots
+  };
+  static const Block kShared;
+  const Block** slot(std::uint64_t chunk, bool create);
+  void set_slot(std::uint64_t chunk, const Block* block);
+  void reindex(std::uint64_t chunk);  // recomputes a chunk's slot from blocks_
+
   mutable std::shared_mutex mutex_;
   std::map<std::uint64_t, Block> blocks_;  // keyed by base
+  std::unordered_map<std::uint64_t, std::unique_ptr<Page>> pages_;  // chunk >> kPageBits -> page
   std::uint64_t bytes_ = 0;
 };
 
