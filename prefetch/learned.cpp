@@ -75,8 +75,10 @@ void LearnedPolicy::observe(std::uint32_t sig, bool dead, std::uint64_t distance
 void LearnedPolicy::set_next_use(ChunkIndex c, ChunkInfo& info, std::uint64_t nu) {
   if (info.nu == nu) return;
   if (info.resident) {
-    resident_.erase({info.nu, c});
-    resident_.insert({nu, c});
+    // Re-keys the node in place: no search for it, no allocation.
+    auto node = resident_.extract(info.rank);
+    node.key().first = nu;
+    info.rank = resident_.insert(std::move(node)).position;
   }
   info.nu = nu;
 }
@@ -94,10 +96,10 @@ void LearnedPolicy::on_residency(ChunkIndex chunk, bool resident) {
   if (info.resident == resident) return;
   info.resident = resident;
   if (resident) {
-    resident_.insert({info.nu, chunk});
+    info.rank = resident_.emplace(RankedSet::key_type{info.nu, chunk}, &info).first;
     return;
   }
-  resident_.erase({info.nu, chunk});
+  resident_.erase(info.rank);
   // A chunk fetched for a launch the lookahead has passed left before its use: let the
   // lookahead reach it again.
   if (info.nu > seq_ && info.nu <= ahead_) ahead_ = info.nu - 1;
@@ -122,9 +124,9 @@ void LearnedPolicy::refresh_stale() {
   // Resident chunks whose predicted use has passed without a touch: the history's prediction
   // was wrong. What usually follows their last touch (its signature) decides whether they are
   // still wanted; the others keep next use 0 (evicted first, and not looked at again).
-  for (auto it = resident_.lower_bound({1, 0}); it != resident_.end() && it->first < seq_;) {
-    const ChunkIndex c = it->second;
-    ChunkInfo& info = chunks_[c];
+  for (auto it = resident_.lower_bound({1, 0}); it != resident_.end() && it->first.first < seq_;) {
+    const ChunkIndex c = it->first.second;
+    ChunkInfo& info = *it->second;
     ++it;
     const std::uint64_t g = guess_next_use(info);
     prefetch_outcome(info, false);  // fetched for a launch that did not come
@@ -136,9 +138,9 @@ bool LearnedPolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) 
   if (budget_chunks_ == 0) budget_chunks_ = resident_.size();  // the Engine asks only when full
   // 1. A chunk whose predicted use has passed without a touch (refresh_stale() found no
   // other reason to keep it): the prediction was wrong.
-  for (auto it = resident_.begin(); it != resident_.end() && it->first < seq_; ++it) {
-    if (!query.pinned(it->second)) {
-      *victim = it->second;
+  for (auto it = resident_.begin(); it != resident_.end() && it->first.first < seq_; ++it) {
+    if (!query.pinned(it->first.second)) {
+      *victim = it->first.second;
       return true;
     }
   }
@@ -162,6 +164,7 @@ std::uint32_t LearnedPolicy::append(const Launch& launch) {
   Entry e{launch.exec_id, static_cast<std::uint32_t>(touches_.size()), 0};
   std::uint32_t position = 0;
   const std::uint64_t name_hash = replaying_ ? 0 : std::hash<std::string_view>{}(launch.name);
+  touched_.clear();
   for (const Access& a : launch.accesses) {
     const std::uint32_t sig = replaying_ ? kNone : signature(name_hash, position++);
     if (a.bytes == 0) continue;
@@ -182,6 +185,7 @@ std::uint32_t LearnedPolicy::append(const Launch& launch) {
       const bool fresh = first || info.touch_gen != info.gen;
       info.touch_gen = info.gen;
       touches_.push_back(Touch{c, kNone, n, fresh});
+      touched_.push_back(&info);
     }
   }
   e.touch_end = static_cast<std::uint32_t>(touches_.size());
@@ -299,7 +303,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   std::uint64_t floor = 0;  // the largest next use of this launch's chunks (see take_victim)
   for (std::uint32_t i = 0; i < cur.touch_end - cur.touch_begin; ++i) {
     const ChunkIndex c = touches_[cur.touch_begin + i].chunk;
-    ChunkInfo& info = chunks_[c];
+    ChunkInfo& info = *touched_[i];
     std::uint64_t nu = seq_ + std::max<std::uint64_t>(period_, 1);
     if (zip && touches_[log_[found].touch_begin + i].chunk == c) {
       const std::uint32_t nt = touches_[log_[found].touch_begin + i].next;
@@ -316,7 +320,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     prefetch_outcome(info, info.nu >= seq_);  // used by the launch it was fetched for
     set_next_use(c, info, nu);
     if (nu < kFar) floor = std::max(floor, nu);
-    if (!info.resident) missing_.emplace_back(c, zip);
+    if (!info.resident) missing_.push_back(Missing{c, &info, zip});
   }
 
   refresh_stale();
@@ -325,10 +329,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
                                           : static_cast<std::int64_t>(budget_chunks_) - static_cast<std::int64_t>(resident_.size());
   // Victims in the order choose_victim() will give them (stale first, then furthest).
   deferred_.clear();
-  auto unavailable = [&](ChunkIndex c) {
-    auto it = chunks_.find(c);
-    return it != chunks_.end() && it->second.mark > stamp_;
-  };
+  auto unavailable = [&](const RankedSet::value_type& entry) { return entry.second->mark > stamp_; };
   auto lo = resident_.begin();
   auto hi = resident_.rbegin();
   // Would a chunk next used at `nu` stay resident until then if nothing were prefetched early?
@@ -341,14 +342,15 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     return log_[q2].touch_begin - log_[found].touch_end < budget_chunks_;
   };
   auto take_victim = [&](std::uint64_t need, std::uint64_t floor = 0) {
-    while (lo != resident_.end() && lo->first < seq_ && unavailable(lo->second)) ++lo;
-    if (lo != resident_.end() && lo->first < seq_) {
+    while (lo != resident_.end() && lo->first.first < seq_ && unavailable(*lo)) ++lo;
+    if (lo != resident_.end() && lo->first.first < seq_) {
       ++lo;
       return true;
     }
-    while (hi != resident_.rend() && unavailable(hi->second)) ++hi;
-    if (hi == resident_.rend() || hi->first <= need || hi->first < seq_) return false;
-    if (hi->first < floor && survives(hi->first)) return false;
+    while (hi != resident_.rend() && unavailable(*hi)) ++hi;
+    const std::uint64_t nu = hi == resident_.rend() ? 0 : hi->first.first;
+    if (hi == resident_.rend() || nu <= need || nu < seq_) return false;
+    if (nu < floor && survives(nu)) return false;
     ++hi;
     return true;
   };
@@ -376,12 +378,12 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   // launch), in footprint order. A chunk whose predicted next use is no sooner than that of
   // every chunk it could displace is, on a busy link, left on the CPU and read remotely
   // (MIN with bypass: preferred location CPU + accessed by the GPU).
-  for (const auto& [c, predicted] : missing_) {
-    ChunkInfo& info = chunks_[c];
+  for (const Missing& m : missing_) {
+    ChunkInfo& info = *m.info;
     if (free > 0) {
       --free;
     } else if (!take_victim(info.nu)) {
-      if (predicted && link_bound && info.blocks > 0) {
+      if (m.predicted && link_bound && info.blocks > 0) {
         info.remote = stamp_;
         prev_remote_ = true;
         ++remote_;
@@ -450,8 +452,8 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         // it in (and out again) costs the busy link more than reading it remotely at s.
         const std::uint32_t nt = touches_[t].next;
         const std::uint64_t post = nt == kNone || touches_[nt].fresh ? kFar : s + (touches_[nt].entry - q);
-        while (hi != resident_.rend() && unavailable(hi->second)) ++hi;
-        if (hi != resident_.rend() && post >= hi->first) continue;
+        while (hi != resident_.rend() && unavailable(*hi)) ++hi;
+        if (hi != resident_.rend() && post >= hi->first.first) continue;
       }
       if (free > 0) {
         --free;

@@ -22,8 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory_resource>
-#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -106,6 +106,9 @@ class LearnedPolicy final : public Policy {
 
  private:
   static constexpr std::uint32_t kNone = UINT32_MAX;
+  struct ChunkInfo;
+  // Resident chunks by (predicted next use, chunk), each with its record.
+  using RankedSet = std::pmr::map<std::pair<std::uint64_t, ChunkIndex>, ChunkInfo*>;
   static constexpr std::uint64_t kFar = UINT64_MAX / 4;  // "no predicted use"
   static constexpr std::uint8_t kNoAge = 255;
   struct Touch {
@@ -131,6 +134,7 @@ class LearnedPolicy final : public Policy {
     std::uint64_t nu = kFar;           // predicted next use (launch seq)
     std::uint64_t mark = 0;            // stamp_ + kind while this launch's plan holds it
     bool resident = false;             // in the Engine's plan (on_residency)
+    RankedSet::iterator rank{};        // its node in resident_, while resident
     std::uint64_t last_seq = 0;        // launch seq of its last touch
     std::uint32_t sig = kNone;         // signature of its last touch (index in sigs_), kNone: none since allocated
     std::uint8_t pf_age = kNoAge;      // anchor age (streak) of the prefetch awaiting its use
@@ -183,16 +187,22 @@ class LearnedPolicy final : public Policy {
   // Residency (the Engine's plan, as on_residency reports it) ranked by predicted next use.
   // (Node allocations from a pool: the set changes at every touch of a resident chunk.)
   std::pmr::unsynchronized_pool_resource resident_pool_;
-  std::pmr::set<std::pair<std::uint64_t, ChunkIndex>> resident_{&resident_pool_};
+  RankedSet resident_{&resident_pool_};
   std::uint64_t budget_chunks_ = 0;  // learned at the first eviction (0: unknown)
   // choose_victim() resumes where it stopped within one launch's plan (what it passed is
   // pinned or gone until the next launch).
-  std::pair<std::uint64_t, ChunkIndex> hint_{};
+  RankedSet::key_type hint_{};
   bool hint_valid_ = false;
   std::uint64_t stamp_ = 0;  // advances by 4 per launch (ChunkInfo::mark)
   std::vector<std::pair<ChunkIndex, std::uint64_t>> deferred_;  // next-use updates of resident chunks
   std::uint64_t hits_ = 0, resyncs_ = 0, scanned_ = 0, remote_ = 0;
-  std::vector<std::pair<ChunkIndex, bool>> missing_;  // this launch's chunks not resident (predicted?)
+  struct Missing {
+    ChunkIndex chunk;
+    ChunkInfo* info;
+    bool predicted;
+  };
+  std::vector<Missing> missing_;  // this launch's chunks not resident
+  std::vector<ChunkInfo*> touched_;  // append(): the records of the launch's touches, in order
   double link_free_ns_ = 0;  // virtual link clock: when the prefetches issued so far arrive
   std::uint64_t prev_now_ = 0, prev_dur_ = 0;  // the previous launch's issue time and duration
   bool prev_remote_ = false;     // the previous launch left chunks remote
