@@ -89,6 +89,10 @@ std::optional<Block> AllocationTable::erase(std::uint64_t base) {
 
 std::optional<Block> AllocationTable::find(std::uint64_t addr) const {
   std::shared_lock lock(mutex_);
+  return find_locked(addr);
+}
+
+std::optional<Block> AllocationTable::find_locked(std::uint64_t addr) const {
   auto page = pages_.find(chunk_index(addr) >> kPageBits);
   if (page == pages_.end()) return std::nullopt;
   const Block* only = page->second->slot[chunk_index(addr) & (kPageChunks - 1)];

@@ -289,7 +289,14 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
     }
   };
   // 1. Pin what the launch touches and is already resident.
-  for (const Access& a : launch.accesses) for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { r.touch_pin(c); return true; });
+  std::vector<std::pair<ChunkIndex, std::size_t>>& missing = missing_scratch_;  // (chunk, access)
+  missing.clear();
+  for (std::size_t i = 0; i < launch.accesses.size(); ++i) {
+    for_chunks(launch.accesses[i].addr, launch.accesses[i].bytes, [&](ChunkIndex c) {
+      if (!r.touch_pin(c)) missing.emplace_back(c, i);
+      return true;
+    });
+  }
   // 2. The Policy's evictions.
   for (const Action& a : actions.list) {
     if (a.kind != Action::Kind::prefetch || a.where != Location::cpu) continue;
@@ -318,12 +325,17 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
     return true;
   };
   // A chunk the Policy leaves where it is (it advised remote access for it) is not fetched.
-  for (const Access& a : launch.accesses) {
-    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return r.touch_pin(c) || policy_->leave_remote(c) || fetch(c, nullptr); });
+  // When one of an access's chunks finds no room, the rest of that access is not tried.
+  std::size_t failed = SIZE_MAX;
+  for (const auto& [c, access] : missing) {
+    if (access == failed) continue;
+    if (!(r.touch_pin(c) || policy_->leave_remote(c) || fetch(c, nullptr))) failed = access;  // (a chunk may appear twice)
   }
+  if (actions.list.empty()) return;
+  const AllocationTable::Reader table(table_);  // (no allocation, free or driver call below)
   for (const Action& a : actions.list) {
     if (a.kind != Action::Kind::prefetch || a.where != Location::gpu) continue;
-    std::optional<Block> b = table_.find(a.addr);
+    std::optional<Block> b = table.find(a.addr);
     if (!b || a.bytes == 0 || a.bytes > b->end() - a.addr) continue;  // not inside one live block
     bool room = true;
     for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return room = fetch(c, &*b); });

@@ -32,6 +32,18 @@ class AllocationTable {
   std::optional<Block> find(std::uint64_t addr) const;
   // The block whose base is exactly `base`, if any.
   std::optional<Block> find_base(std::uint64_t base) const;
+  // Holds the table's shared lock over a series of find()s (one lock for all): while it
+  // lives, insert() and erase() wait, on every thread — so never hold one across a call
+  // that may allocate or free, or a driver call.
+  class Reader {
+   public:
+    explicit Reader(const AllocationTable& table) : table_(table), lock_(table.mutex_) {}
+    std::optional<Block> find(std::uint64_t addr) const { return table_.find_locked(addr); }
+
+   private:
+    const AllocationTable& table_;
+    std::shared_lock<std::shared_mutex> lock_;
+  };
   std::size_t size() const;
   std::uint64_t bytes() const;  // sum of live blocks' bytes
 
@@ -49,6 +61,7 @@ class AllocationTable {
   const Block** slot(std::uint64_t chunk, bool create);
   void set_slot(std::uint64_t chunk, const Block* block);
   void reindex(std::uint64_t chunk);  // recomputes a chunk's slot from blocks_
+  std::optional<Block> find_locked(std::uint64_t addr) const;  // find(), with mutex_ held
 
   mutable std::shared_mutex mutex_;
   std::map<std::uint64_t, Block> blocks_;  // keyed by base

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spillway/allocation_table.h"
@@ -193,6 +194,8 @@ class Engine {
   std::vector<PendingFree> pending_;
   Stats counters_;
   std::unique_ptr<Residency> residency_;  // guarded by mutex_
+  // plan_launch: the launch's chunks not resident, with their access's index; guarded by mutex_
+  std::vector<std::pair<ChunkIndex, std::size_t>> missing_scratch_;
 };
 
 }  // namespace spillway
