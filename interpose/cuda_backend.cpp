@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <fstream>
+#include <mutex>
 #include <string>
 
 namespace spillway::interpose {
@@ -127,10 +129,39 @@ namespace {
 
 struct LaunchOrder {
   CUstream launch_stream = nullptr;
-  bool host_ordered = false;    // the host stream waits for the launching stream's work
-  bool evicted = false;         // evictions issued since the GPU stream last waited
+  bool host_ordered = false;    // the host stream waits for the launching streams' work
 };
 thread_local LaunchOrder* t_order = nullptr;
+
+// Streams that launched kernels lately (any thread), with the launch count at their last
+// launch: an eviction waits for their work too. A few slots: programs launch on few streams.
+constexpr std::size_t kStreamSlots = 8;
+constexpr std::uint64_t kRecentLaunches = 256;
+std::mutex g_streams_mutex;
+std::array<std::pair<CUstream, std::uint64_t>, kStreamSlots> g_streams{};  // guarded by g_streams_mutex
+std::uint64_t g_launches = 0;                                               // guarded by g_streams_mutex
+
+void note_launch_stream(CUstream stream) {
+  std::lock_guard lock(g_streams_mutex);
+  ++g_launches;
+  if (stream == CU_STREAM_PER_THREAD) return;  // names another stream on every thread
+  std::size_t oldest = 0;
+  for (std::size_t i = 0; i < kStreamSlots; ++i) {
+    if (g_streams[i].second != 0 && g_streams[i].first == stream) {
+      g_streams[i].second = g_launches;
+      return;
+    }
+    if (g_streams[i].second < g_streams[oldest].second) oldest = i;
+  }
+  g_streams[oldest] = {stream, g_launches};
+}
+
+// Evictions issued since the GPU stream last waited for the host stream. The shim's
+// prefetches are enqueued under its mutex (enqueueing is quick: the copies are
+// asynchronous), so that a prefetch toward the GPU is enqueued either before an eviction or
+// after a wait that covers it, whichever threads issue them.
+std::mutex g_evicted_mutex;
+bool g_evicted = false;  // guarded by g_evicted_mutex
 
 // Per-thread events used only for ordering (record + cuStreamWaitEvent; re-recording is
 // legal once the wait is enqueued). Created once per thread, never destroyed.
@@ -156,11 +187,19 @@ void order_after(CUstream waiter, CUstream after, int slot) {
 
 LaunchOrderScope::LaunchOrderScope(CUstream launch_stream) {
   static thread_local LaunchOrder order;
-  order = LaunchOrder{launch_stream, false, false};
+  order = LaunchOrder{launch_stream, false};
   t_order = &order;
+  note_launch_stream(launch_stream);
 }
 
 LaunchOrderScope::~LaunchOrderScope() { t_order = nullptr; }
+
+void forget_launch_stream(CUstream stream) {
+  std::lock_guard lock(g_streams_mutex);
+  for (auto& slot : g_streams) {
+    if (slot.second != 0 && slot.first == stream) slot = {nullptr, 0};
+  }
+}
 
 CUstream CudaBackend::own_stream(Location to) {
   std::atomic<CUstream>& slot = to == Location::gpu ? to_gpu_stream_ : to_host_stream_;
@@ -179,18 +218,28 @@ Result CudaBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location t
   RelaxedCaptureMode relaxed;
   CUstream stream = own_stream(to);
   if (stream == nullptr) return missing();
-  if (LaunchOrder* o = t_order) {
-    if (to == Location::cpu) {
-      if (!o->host_ordered) {
-        order_after(stream, o->launch_stream, 0);
-        o->host_ordered = true;
+  if (to == Location::cpu) {
+    if (LaunchOrder* o = t_order; o != nullptr && !o->host_ordered) {
+      order_after(stream, o->launch_stream, 0);
+      // Other streams' recent work too. Under the registry's lock, so that none of them is
+      // destroyed meanwhile (forget_launch_stream); a capturing one is left alone (an event
+      // recorded there would join the capture).
+      std::lock_guard lock(g_streams_mutex);
+      for (const auto& [other, at] : g_streams) {
+        if (at == 0 || other == o->launch_stream || at + kRecentLaunches <= g_launches) continue;
+        if (!is_capturing(reinterpret_cast<StreamHandle>(other))) order_after(stream, other, 0);
       }
-      o->evicted = true;
-    } else if (o->evicted) {
-      CUstream host = own_stream(Location::cpu);
-      if (host != nullptr) order_after(stream, host, 1);
-      o->evicted = false;
+      o->host_ordered = true;
     }
+    std::lock_guard lock(g_evicted_mutex);
+    g_evicted = true;
+    return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
+  }
+  std::lock_guard lock(g_evicted_mutex);
+  if (g_evicted) {
+    CUstream host = own_stream(Location::cpu);
+    if (host != nullptr) order_after(stream, host, 1);
+    g_evicted = false;
   }
   return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
 }

@@ -42,10 +42,14 @@ class CudaBackend final : public Backend {
 // the launch goes to (never a capturing one: the hook does not call the Engine then). While
 // it is set, CudaBackend::prefetch orders the shim's streams after the program's work:
 //  - the first eviction (toward the host) of the launch makes the host stream wait for an
-//    event recorded on the launching stream, so chunks are not moved away under kernels
-//    issued before this launch that may still use them;
-//  - the first prefetch toward the GPU after evictions makes the GPU stream wait for an
-//    event recorded on the host stream, so room is made before data arrives (the budget).
+//    event recorded on the launching stream, and on every other stream that launched
+//    kernels among the last kRecentLaunches launches (other threads' streams), so chunks
+//    are not moved away under kernels issued before this launch that may still use them;
+//  - the first prefetch toward the GPU after evictions (by any thread) makes the GPU stream
+//    wait for an event recorded on the host stream, so room is made before data arrives
+//    (the budget).
+// Kernels planned by other threads but not yet issued are protected by their pins instead
+// (Engine::launch_in_flight).
 // The launching stream itself never waits for the shim's streams: a kernel that runs before
 // its prefetch completes faults and the driver migrates on demand, which is always correct.
 class LaunchOrderScope {
@@ -55,6 +59,10 @@ class LaunchOrderScope {
   LaunchOrderScope(const LaunchOrderScope&) = delete;
   LaunchOrderScope& operator=(const LaunchOrderScope&) = delete;
 };
+
+// The program destroys `stream`: evictions stop ordering themselves after it. Call before
+// the real cuStreamDestroy. Thread-safe.
+void forget_launch_stream(CUstream stream);
 
 CudaBackend& backend_instance();
 

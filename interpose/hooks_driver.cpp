@@ -179,6 +179,7 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
 
 CUresult cuStreamDestroy_v2(CUstream hStream) {
   if (Engine* e = engine(); e != nullptr && hStream != nullptr) e->stream_destroyed(reinterpret_cast<StreamHandle>(hStream));
+  interpose::forget_launch_stream(hStream);
   return real().cuStreamDestroy_v2(hStream);
 }
 

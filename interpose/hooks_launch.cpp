@@ -43,6 +43,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -548,12 +549,13 @@ class Observation {
     l.now_ns = now_ns();
     {
       interpose::LaunchOrderScope order(stream);
-      e->launch(l);
+      in_flight_.emplace(e->launch_in_flight(l));
     }
     if (sample) start_sample(fp.exec_id, stream);
   }
 
   ~Observation() {
+    in_flight_.reset();  // the kernel is issued (or failed): its chunks may be evicted again
     if (start_ == nullptr) return;
     interpose::ShimCallScope scope;
     if (!launched_ok_ || real().cuEventRecord(end_, stream_) != CUDA_SUCCESS) {
@@ -596,6 +598,7 @@ class Observation {
     exec_id_ = exec_id;
   }
 
+  std::optional<Engine::LaunchInFlight> in_flight_;
   CUevent start_ = nullptr, end_ = nullptr;
   CUstream stream_ = nullptr;
   std::uint64_t exec_id_ = 0;

@@ -9,6 +9,7 @@
 // text images. Modes:
 //   cycle B K [M]        one thread (M defaults to 8)
 //   threads T B K [M]    T threads at once, each with its own stream and B blocks
+//   streams S B K [M]    one thread, block pair j launched on stream j % S of S streams
 // Prints "blocks=B bytes=<total> iterations=K" then "ok".
 #include <cuda.h>
 
@@ -37,15 +38,17 @@ unsigned value_of(int iteration, int block) {
   return static_cast<unsigned>(iteration * 1000 + (block & ~1));
 }
 
-// One loop over `blocks` blocks of `bytes` each on a new stream; returns false on wrong data.
-bool loop(const Kernels& k, int blocks, int iterations, size_t bytes) {
-  CUstream s = nullptr;
-  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+// One loop over `blocks` blocks of `bytes` each on `nstreams` new streams (block pair j on
+// stream j % nstreams); returns false on wrong data.
+bool loop(const Kernels& k, int blocks, int iterations, size_t bytes, int nstreams = 1) {
+  std::vector<CUstream> streams(static_cast<size_t>(nstreams));
+  for (auto& x : streams) CHECK(cuStreamCreate(&x, CU_STREAM_NON_BLOCKING));
   std::vector<CUdeviceptr> p(blocks);
   for (auto& x : p) CHECK(cuMemAlloc(&x, bytes));
   unsigned long long words = bytes / 4;
   for (int it = 0; it < iterations; ++it) {
     for (int i = 0; i < blocks; ++i) {
+      CUstream s = streams[static_cast<size_t>(i / 2 % nstreams)];
       if (i % 2 == 0) {
         unsigned value = value_of(it, i);
         void* params[] = {&p[i], &words, &value};
@@ -55,7 +58,7 @@ bool loop(const Kernels& k, int blocks, int iterations, size_t bytes) {
         CHECK(cuLaunchKernel(k.add, 1, 1, 1, 256, 1, 1, 0, s, params, nullptr));
       }
     }
-    CHECK(cuStreamSynchronize(s));
+    for (CUstream x : streams) CHECK(cuStreamSynchronize(x));
   }
   bool ok = true;
   for (int i = 0; i < blocks; ++i) {
@@ -69,7 +72,7 @@ bool loop(const Kernels& k, int blocks, int iterations, size_t bytes) {
     }
   }
   for (auto x : p) CHECK(cuMemFree(x));
-  CHECK(cuStreamDestroy(s));
+  for (CUstream x : streams) CHECK(cuStreamDestroy(x));
   return ok;
 }
 
@@ -77,10 +80,14 @@ bool loop(const Kernels& k, int blocks, int iterations, size_t bytes) {
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
+  const bool counted = mode == "threads" || mode == "streams";
   int threads = mode == "threads" && argc >= 5 ? std::atoi(argv[2]) : 1;
-  int first = mode == "threads" ? 3 : 2;
-  if ((mode != "cycle" && mode != "threads") || argc < first + 2 || threads < 1) {
-    std::fprintf(stderr, "usage: repeat_launches cycle BLOCKS ITERATIONS [MiB] | threads T BLOCKS ITERATIONS [MiB]\n");
+  int nstreams = mode == "streams" && argc >= 5 ? std::atoi(argv[2]) : 1;
+  int first = counted ? 3 : 2;
+  if ((mode != "cycle" && !counted) || argc < first + 2 || threads < 1 || nstreams < 1) {
+    std::fprintf(stderr,
+                 "usage: repeat_launches cycle BLOCKS ITERATIONS [MiB] | threads T BLOCKS ITERATIONS [MiB] | "
+                 "streams S BLOCKS ITERATIONS [MiB]\n");
     return 2;
   }
   int blocks = std::atoi(argv[first]), iterations = std::atoi(argv[first + 1]);
@@ -95,7 +102,7 @@ int main(int argc, char** argv) {
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       CHECK(cuCtxSetCurrent(ctx));
-      ok[t] = loop(k, blocks, iterations, bytes);
+      ok[t] = loop(k, blocks, iterations, bytes, nstreams);
     });
   }
   for (auto& th : pool) th.join();

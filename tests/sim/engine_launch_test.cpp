@@ -114,6 +114,35 @@ TEST(EngineLaunch, NeverEvictsTheLaunchsOwnFootprint) {
   for (const Call& c : f.backend.calls) EXPECT_EQ(c.to, Location::gpu);
 }
 
+// Two threads: one has planned its launch (a, b) but not issued the kernel yet while the
+// other plans launches that need room. The first launch's chunks stay pinned until its
+// guard ends, although they are the least recently used: the others evict around them.
+TEST(EngineLaunch, ALaunchInFlightKeepsItsChunksUntilItsKernelIsIssued) {
+  Fixture f(3);
+  std::uint64_t a = f.alloc(kChunkBytes), b = f.alloc(kChunkBytes), c = f.alloc(kChunkBytes);
+  std::uint64_t d = f.alloc(kChunkBytes), e = f.alloc(kChunkBytes);
+  f.launch({{c, kChunkBytes, false}});
+  Launch first;
+  first.seq = f.seq++;
+  first.name = "k";
+  std::vector<Access> ab{{a, kChunkBytes, false}, {b, kChunkBytes, false}};
+  first.accesses = ab;
+  {
+    Engine::LaunchInFlight guard = f.engine.launch_in_flight(first);
+    f.launch({{d, kChunkBytes, false}});  // evicts c, the only chunk not in flight
+    EXPECT_FALSE(f.engine.planned_resident(chunk_of(c)));
+    f.launch({{e, kChunkBytes, false}});  // evicts d (its launch's pins ended), not a or b
+    EXPECT_FALSE(f.engine.planned_resident(chunk_of(d)));
+    EXPECT_TRUE(f.engine.planned_resident(chunk_of(a)));
+    EXPECT_TRUE(f.engine.planned_resident(chunk_of(b)));
+    EXPECT_TRUE(f.engine.planned_resident(chunk_of(e)));
+  }
+  f.launch({{c, kChunkBytes, false}});  // issued: a, the least recently used, goes now
+  EXPECT_FALSE(f.engine.planned_resident(chunk_of(a)));
+  EXPECT_TRUE(f.engine.planned_resident(chunk_of(b)));
+  EXPECT_EQ(f.engine.stats().evicted_chunks, 3u);
+}
+
 TEST(EngineLaunch, FreeDropsTheBlocksChunksFromThePlan) {
   Fixture f(4);
   std::uint64_t a = f.alloc(2 * kChunkBytes);

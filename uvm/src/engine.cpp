@@ -48,9 +48,13 @@ class Engine::Residency final : public VictimQuery {
   std::size_t size() const { return index_.size(); }
   std::uint64_t epoch = 0;
 
+  // Epochs of launches planned whose kernels are not issued yet (launch_in_flight): their
+  // pins hold too. Few: one per thread between its plan and its launch.
+  std::vector<std::uint64_t> in_flight;
+
   bool pinned(ChunkIndex c) const override {
     auto it = index_.find(c);
-    return it != index_.end() && nodes_[it->second].pin == epoch;
+    return it != index_.end() && pinned_node(it->second);
   }
   void for_each_lru(const std::function<bool(ChunkIndex)>& visit) const override {
     for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
@@ -94,7 +98,7 @@ class Engine::Residency final : public VictimQuery {
   // The least recently used unpinned chunk, if any.
   bool lru_unpinned(ChunkIndex* out) const {
     for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
-      if (nodes_[n].pin != epoch) {
+      if (!pinned_node(n)) {
         *out = nodes_[n].chunk;
         return true;
       }
@@ -109,6 +113,10 @@ class Engine::Residency final : public VictimQuery {
     std::uint64_t pin = 0;
     std::uint64_t base = 0, end = 0;  // the block covering the whole chunk, if known
   };
+  bool pinned_node(std::uint32_t n) const {
+    const std::uint64_t pin = nodes_[n].pin;
+    return pin == epoch || (!in_flight.empty() && std::find(in_flight.begin(), in_flight.end(), pin) != in_flight.end());
+  }
   void unlink(std::uint32_t n) {
     Node& x = nodes_[n];
     if (x.prev != kNil) nodes_[x.prev].next = x.next; else head_ = x.next;
@@ -396,20 +404,42 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
   }
 }
 
-void Engine::launch(const Launch& launch) {
-  if (!usable()) return;
+void Engine::launch(const Launch& launch) { run_launch(launch, false); }
+
+Engine::LaunchInFlight Engine::launch_in_flight(const Launch& launch) {
+  const std::uint64_t epoch = run_launch(launch, true);
+  return LaunchInFlight(epoch == 0 ? nullptr : this, epoch);
+}
+
+std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
+  if (!usable()) return 0;
   EngineActions actions;
   std::vector<Move> moves;
   bool planned = false;
+  std::uint64_t epoch = 0;
   {
     std::lock_guard lock(mutex_);
     ++counters_.launches;
     if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_launch(launch);
     policy_->on_launch(launch, actions);
     planned = policy_->manages_residency();
-    if (planned) plan_launch(launch, actions, moves);
+    if (planned) {
+      plan_launch(launch, actions, moves);
+      if (in_flight) {
+        epoch = residency_->epoch;
+        residency_->in_flight.push_back(epoch);
+      }
+    }
   }
   carry_out(actions, moves, planned);
+  return epoch;
+}
+
+void Engine::end_launch(std::uint64_t epoch) {
+  std::lock_guard lock(mutex_);
+  std::vector<std::uint64_t>& f = residency_->in_flight;
+  auto it = std::find(f.begin(), f.end(), epoch);
+  if (it != f.end()) f.erase(it);
 }
 
 bool Engine::planned_resident(ChunkIndex chunk) const {

@@ -109,7 +109,31 @@ class Engine {
   // first, then toward the GPU) coalesced into runs of adjacent chunks. A prefetch that
   // finds no unpinned victim is dropped (the kernel faults, as under demand paging). The
   // caller launches the kernel itself afterwards. Thread-safe (serialised with the Policy).
+  // The launch's pins end with the next launch's plan.
   void launch(const Launch& launch);
+
+  // The same, for a caller that issues the kernel after this returns while other threads
+  // may launch meanwhile: the launch's pins last until the returned guard is destroyed (do
+  // that once the kernel is issued), so that no other thread's plan evicts the chunks this
+  // kernel is about to use. (A chunk pinned again by a later launch keeps only the later
+  // pin.) Thread-safe.
+  class LaunchInFlight {
+   public:
+    LaunchInFlight(LaunchInFlight&& other) noexcept : engine_(other.engine_), epoch_(other.epoch_) { other.engine_ = nullptr; }
+    LaunchInFlight(const LaunchInFlight&) = delete;
+    LaunchInFlight& operator=(const LaunchInFlight&) = delete;
+    LaunchInFlight& operator=(LaunchInFlight&&) = delete;
+    ~LaunchInFlight() {
+      if (engine_ != nullptr) engine_->end_launch(epoch_);
+    }
+
+   private:
+    friend class Engine;
+    LaunchInFlight(Engine* engine, std::uint64_t epoch) : engine_(engine), epoch_(epoch) {}
+    Engine* engine_;
+    std::uint64_t epoch_;
+  };
+  [[nodiscard]] LaunchInFlight launch_in_flight(const Launch& launch);
 
   // The residency plan (policies that manage residency; empty otherwise). Thread-safe.
   bool planned_resident(ChunkIndex chunk) const;
@@ -159,6 +183,8 @@ class Engine {
     std::uint64_t base = 0, end = 0;
   };
   void plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves);
+  std::uint64_t run_launch(const Launch& launch, bool in_flight);  // the epoch kept in flight, or 0
+  void end_launch(std::uint64_t epoch);
   bool make_room(std::vector<Move>& moves);
   // Takes resident chunk `c` out of the plan and queues its move to the host.
   void plan_eviction(ChunkIndex c, std::vector<Move>& moves);
