@@ -102,7 +102,10 @@ void LearnedPolicy::on_residency(ChunkIndex chunk, bool resident) {
   resident_.erase(info.rank);
   // A chunk fetched for a launch the lookahead has passed left before its use: let the
   // lookahead reach it again.
-  if (info.nu > seq_ && info.nu <= ahead_) ahead_ = info.nu - 1;
+  if (info.nu > seq_ && info.nu <= ahead_) {
+    ahead_ = info.nu - 1;
+    while (!walked_.empty() && walked_.back().first > ahead_) walked_.pop_back();  // walked again
+  }
 }
 
 bool LearnedPolicy::leave_remote(ChunkIndex chunk) {
@@ -279,6 +282,15 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     const bool stall = !prev_remote_ && launch.now_ns > prev_now_ + prev_dur_ + p_.slack_ns;
     stalled_ = 0.875 * stalled_ + (stall ? 0.125 : 0.0);  // EWMA over ~8 launches
   }
+  // Share of the time spent waiting: the gap between a launch and the end of the previous
+  // kernel (its data was not there), over the time between launches. EWMAs over ~64
+  // launches of each (the lookahead plans in bursts); their ratio weighs launches by time.
+  if (launch.now_ns >= prev_now_ && prev_now_ != 0) {
+    const std::uint64_t elapsed = launch.now_ns - prev_now_;
+    const std::uint64_t gap = prev_remote_ || elapsed <= prev_dur_ ? 0 : elapsed - prev_dur_;
+    waited_ns_ = 0.984375 * waited_ns_ + 0.015625 * static_cast<double>(gap);
+    interval_ns_ = 0.984375 * interval_ns_ + 0.015625 * static_cast<double>(elapsed);
+  }
   prev_now_ = launch.now_ns;
   prev_remote_ = false;
   prev_dur_ = launch.dur_ns > 0 ? launch.dur_ns : dur_of(launch.exec_id);
@@ -290,7 +302,11 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   anchor_ = found;
   match_ = found == kNone ? kNone : found + 1;
   if (found != kNone) period_ = n - found;
-  if (!in_step) ahead_ = seq_;  // a new position: the lookahead starts over
+  if (!in_step) {
+    ahead_ = seq_;  // a new position: the lookahead starts over
+    walked_.clear();
+  }
+  while (!walked_.empty() && walked_.front().first <= seq_) walked_.pop_front();  // now or past
   prev_predicted_ = in_step;
   streak_ = in_step ? streak_ + 1 : 0;
 
@@ -322,6 +338,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     if (nu < kFar) floor = std::max(floor, nu);
     if (!info.resident) missing_.push_back(Missing{c, &info, zip});
   }
+  if (!walked_.empty()) floor = std::max(floor, walked_.front().second);  // launches walked before
 
   refresh_stale();
   // 2. Prefetch the predicted launches' chunks in order of need.
@@ -350,7 +367,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     while (hi != resident_.rend() && unavailable(*hi)) ++hi;
     const std::uint64_t nu = hi == resident_.rend() ? 0 : hi->first.first;
     if (hi == resident_.rend() || nu <= need || nu < seq_) return false;
-    if (nu < floor && survives(nu)) return false;
+    if (nu < floor && (waited_ns_ >= p_.max_waiting * interval_ns_ || survives(nu))) return false;
     ++hi;
     return true;
   };
@@ -360,9 +377,12 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   // victim. Evicting early is what MIN would do only if the victim's next use is no sooner
   // than that of every chunk touched from now until s (conservative prefetching: Cao,
   // Felten, Karlin, Li, SIGMETRICS 1995). Chunks predicted dead after their touch leave and
-  // do not count. `floor` is the largest of those next uses, over this launch and the
-  // launches this walk passes (a walk resumed in step does not see again those that earlier
-  // walks passed: there the floor is lower than MIN's, and the check more lenient).
+  // do not count. `floor` is the largest of those next uses, over this launch and every
+  // launch the walks have passed since (walked_ keeps their maximum as the window slides).
+  // Below the floor the victim is still taken if it would not stay resident until its use
+  // anyway (survives), unless the program spends much of its time waiting for data: an
+  // extra fetch then costs time directly, and on a loop just over the GPU each such
+  // eviction causes the next.
   auto raise_floor = [&](std::uint64_t post) {
     if (post < kFar) floor = std::max(floor, post);
   };
@@ -468,10 +488,18 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
       link_free_ns_ += chunk_ns;
     }
     if (stop) break;
+    // The latest next use of launch s's chunks after s. A touch with no later one in the
+    // history is next used, if ever, after the history's end: one period later, as the loop
+    // repeats (as step 1 ranks a chunk it cannot predict).
+    std::uint64_t post_max = 0;
     for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
       const std::uint32_t nt = touches_[t].next;
-      if (nt != kNone && !touches_[nt].fresh) raise_floor(s + (touches_[nt].entry - q));
+      if (nt == kNone) post_max = std::max<std::uint64_t>(post_max, s + std::max<std::uint64_t>(period_, n - q + 1));
+      else if (!touches_[nt].fresh) post_max = std::max(post_max, s + (touches_[nt].entry - q));
     }
+    raise_floor(post_max);
+    while (!walked_.empty() && walked_.back().second <= post_max) walked_.pop_back();
+    walked_.emplace_back(s, post_max);
   }
   ahead_ = s - 1;
 }

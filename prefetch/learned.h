@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory_resource>
 #include <unordered_map>
@@ -79,6 +80,13 @@ struct LearnedParams {
   // prediction of the same distance (it is evicted first) and is not taken for a
   // misprediction the moment the mean distance has passed. 2: chosen before measuring.
   double guess_factor = 2.0;
+  // Early evictions that MIN would not make (below the floor, docs/learned-policy.md §4) are
+  // refused while the share of time the program waits for data — the gaps between a
+  // kernel's end and the next launch, over the time between launches (EWMAs over ~64
+  // launches) — is at least this: then an extra fetch costs time directly, while a program
+  // that waits little has link time to spare for prefetching far ahead. 1/2: waiting for
+  // data more than computing.
+  double max_waiting = 0.5;
   // History kept, in launches; beyond it the older half is forgotten (memory bound). 2^20
   // launches hold hundreds of training steps of the largest traces we know.
   std::uint32_t max_log = 1u << 20;
@@ -181,6 +189,9 @@ class LearnedPolicy final : public Policy {
   // Per anchor age (streak, capped at anchor_ages): EWMA of "a prefetch made from it was used".
   std::vector<double> precision_;
   std::uint64_t ahead_ = 0;       // predicted launches up to this seq have had their prefetches issued
+  // Launches in (seq_, ahead_] the lookahead has walked, with the latest predicted next use of
+  // their chunks: a sliding-window maximum (decreasing in .second) for the early-eviction floor.
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> walked_;
   std::uint64_t period_ = 0;      // distance (launches) of the last match: the loop's length
   std::uint32_t anchor_ = kNone;  // the entry matched by the current launch (future seq s -> anchor_ + s - seq_)
 
@@ -207,6 +218,7 @@ class LearnedPolicy final : public Policy {
   std::uint64_t prev_now_ = 0, prev_dur_ = 0;  // the previous launch's issue time and duration
   bool prev_remote_ = false;     // the previous launch left chunks remote
   bool prev_predicted_ = false;  // the previous launch was in step with the history
+  double waited_ns_ = 0, interval_ns_ = 0;  // EWMAs: time waiting for data, time between launches
   double stalled_ = 0;  // EWMA of "the previous launch waited for data" (link bound when > 1/2)
 };
 
