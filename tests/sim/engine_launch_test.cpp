@@ -3,7 +3,11 @@
 // only records what it is asked.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "policies.h"
@@ -141,6 +145,60 @@ TEST(EngineLaunch, ALaunchInFlightKeepsItsChunksUntilItsKernelIsIssued) {
   EXPECT_FALSE(f.engine.planned_resident(chunk_of(a)));
   EXPECT_TRUE(f.engine.planned_resident(chunk_of(b)));
   EXPECT_EQ(f.engine.stats().evicted_chunks, 3u);
+}
+
+// Two threads' plans are carried out in the order they were made. Thread A's first Backend
+// call stalls until thread B has started its launch, and then 50 ms more: B, planned after
+// A against the residency A's plan leaves, must not move anything before A's moves are
+// done (else B's eviction could overtake a fetch A counted on, or the reverse).
+TEST(EngineLaunch, PlansAreCarriedOutInTheOrderTheyWereMade) {
+  struct StallingBackend final : test_support::InstantBackend {
+    StallingBackend() : InstantBackend(2 * kChunkBytes) {}
+    Result prefetch(std::uint64_t addr, std::uint64_t, Location, int) override {
+      if (calls.fetch_add(1) == 0) {
+        for (int i = 0; i < 2000 && !second_launch_seen.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      std::lock_guard lock(mutex);
+      order.push_back(addr);
+      return {};
+    }
+    std::atomic<int> calls{0};
+    std::atomic<bool> second_launch_seen{false};
+    std::mutex mutex;
+    std::vector<std::uint64_t> order;
+  };
+  struct Signalling final : Policy {
+    explicit Signalling(StallingBackend& b) : backend(b) {}
+    std::string_view name() const override { return "signalling"; }
+    bool manages_residency() const override { return true; }
+    void on_launch(const Launch&, Actions&) override {
+      if (++launches == 2) backend.second_launch_seen = true;
+    }
+    StallingBackend& backend;
+    int launches = 0;  // under the Engine's lock
+  };
+  StallingBackend backend;
+  Engine engine(Config{}, backend, std::make_unique<Signalling>(backend));
+  std::uint64_t a = 0, b = 0;
+  ASSERT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, &a).ok());
+  ASSERT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, &b).ok());
+  auto launch = [&](std::uint64_t addr, std::uint64_t seq) {
+    Launch l;
+    l.seq = seq;
+    l.name = "k";
+    std::vector<Access> acc{{addr, kChunkBytes, false}};
+    l.accesses = acc;
+    engine.launch(l);
+  };
+  std::thread first([&] { launch(a, 0); });
+  while (backend.calls.load() == 0) std::this_thread::yield();  // A has planned and is moving
+  std::thread second([&] { launch(b, 1); });
+  first.join();
+  second.join();
+  ASSERT_EQ(backend.order.size(), 2u);
+  EXPECT_EQ(backend.order[0], a);
+  EXPECT_EQ(backend.order[1], b);
 }
 
 TEST(EngineLaunch, FreeDropsTheBlocksChunksFromThePlan) {

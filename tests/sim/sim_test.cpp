@@ -207,7 +207,7 @@ TEST(SimTest, OracleMovesLittleMoreThanMinOnALoopJustOverTheGpu) {
     CellResult oracle = run_cell(t, "oracle", p);
     expect_invariants(oracle, capacity, "oracle");
     EXPECT_LE(static_cast<double>(oracle.sim.h2d_bytes), 1.5 * static_cast<double>(oracle.min_fetch.bytes)) << capacity;
-    for (const std::string& name : {"demand", "correlation"}) {
+    for (const char* name : {"demand", "correlation"}) {
       CellResult r = run_cell(t, name, p);
       EXPECT_GE(r.sim.time_ns, oracle.sim.time_ns) << name << " at " << capacity;
     }

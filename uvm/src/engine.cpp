@@ -1,8 +1,10 @@
 #include "spillway/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 #include <limits>
+#include <thread>
 #include <unordered_map>
 
 #include "spillway/log.h"
@@ -416,7 +418,7 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
   EngineActions actions;
   std::vector<Move> moves;
   bool planned = false;
-  std::uint64_t epoch = 0;
+  std::uint64_t epoch = 0, turn = 0;
   {
     std::lock_guard lock(mutex_);
     ++counters_.launches;
@@ -425,14 +427,42 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
     planned = policy_->manages_residency();
     if (planned) {
       plan_launch(launch, actions, moves);
+      turn = plans_made_++;
       if (in_flight) {
         epoch = residency_->epoch;
         residency_->in_flight.push_back(epoch);
       }
     }
   }
+  if (!planned) {
+    carry_out(actions, moves, planned);
+    return epoch;
+  }
+  wait_for_turn(turn);
   carry_out(actions, moves, planned);
+  // This plan is carried out: the next may go (never moving the count back after a timeout).
+  for (std::uint64_t done = plans_carried_.load(std::memory_order_relaxed);
+       done < turn + 1 && !plans_carried_.compare_exchange_weak(done, turn + 1, std::memory_order_release);) {
+  }
   return epoch;
+}
+
+void Engine::wait_for_turn(std::uint64_t turn) {
+  // Plans are carried out in the order they were made: each was made against the residency
+  // the earlier ones leave, so a later plan's moves run after theirs (another thread's
+  // eviction must not overtake the fetch of a chunk this plan counted on, nor the reverse).
+  // Bounded: a thread that never carries out its plan (killed in a driver call) delays the
+  // others by at most 100 ms each, after which they go ahead unordered.
+  if (plans_carried_.load(std::memory_order_acquire) >= turn) return;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  for (int spins = 0; plans_carried_.load(std::memory_order_acquire) < turn; ++spins) {
+    if (spins < 64) continue;
+    if (std::chrono::steady_clock::now() > deadline) {
+      SPILLWAY_LOG_ONCE(LogLevel::warn, "a launch's plan waited 100 ms for another thread's; carrying it out unordered");
+      return;
+    }
+    std::this_thread::yield();
+  }
 }
 
 void Engine::end_launch(std::uint64_t epoch) {

@@ -108,8 +108,9 @@ class Engine {
   // exceed budget_bytes(), and hands the moves to the Backend as prefetches (toward the CPU
   // first, then toward the GPU) coalesced into runs of adjacent chunks. A prefetch that
   // finds no unpinned victim is dropped (the kernel faults, as under demand paging). The
-  // caller launches the kernel itself afterwards. Thread-safe (serialised with the Policy).
-  // The launch's pins end with the next launch's plan.
+  // caller launches the kernel itself afterwards. Thread-safe (serialised with the Policy);
+  // the plans of concurrent launches are carried out in the order they were made (a plan
+  // waits at most 100 ms for earlier ones). The launch's pins end with the next plan.
   void launch(const Launch& launch);
 
   // The same, for a caller that issues the kernel after this returns while other threads
@@ -185,6 +186,7 @@ class Engine {
   void plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves);
   std::uint64_t run_launch(const Launch& launch, bool in_flight);  // the epoch kept in flight, or 0
   void end_launch(std::uint64_t epoch);
+  void wait_for_turn(std::uint64_t turn);  // until the plans made before plan `turn` are carried out
   bool make_room(std::vector<Move>& moves);
   // Takes resident chunk `c` out of the plan and queues its move to the host.
   void plan_eviction(ChunkIndex c, std::vector<Move>& moves);
@@ -212,6 +214,8 @@ class Engine {
   std::atomic<std::uint64_t> managed_bytes_{0};
   std::atomic<std::uint64_t> peak_managed_{0};
   std::atomic<bool> has_pending_{false};
+  std::uint64_t plans_made_ = 0;                 // residency plans made; guarded by mutex_
+  std::atomic<std::uint64_t> plans_carried_{0};  // plans carried out, in order (wait_for_turn)
   std::atomic<std::uint64_t> lo_{~0ull};
   std::atomic<std::uint64_t> hi_{0};
   std::atomic<EngineObserver*> observer_{nullptr};
