@@ -1,5 +1,6 @@
 #include "spillway/allocation_table.h"
 
+#include <algorithm>
 #include <mutex>
 
 namespace spillway {
@@ -42,6 +43,30 @@ void AllocationTable::set_slot(std::uint64_t chunk, const Block* block) {
   if (page.used == 0) pages_.erase(chunk >> kPageBits);
 }
 
+void AllocationTable::fill(std::uint64_t first, std::uint64_t end, const Block* block) {
+  // A page at a time: one page look-up per 4096 chunks.
+  while (first < end) {
+    const std::uint64_t page_end = std::min(end, (first / kPageChunks + 1) * kPageChunks);
+    auto it = pages_.find(first >> kPageBits);
+    if (it == pages_.end()) {
+      if (block == nullptr) {
+        first = page_end;
+        continue;
+      }
+      it = pages_.emplace(first >> kPageBits, std::make_unique<Page>()).first;
+    }
+    Page& page = *it->second;
+    for (std::uint64_t c = first; c < page_end; ++c) {
+      const Block*& slot = page.slot[c & (kPageChunks - 1)];
+      if (slot == nullptr && block != nullptr) ++page.used;
+      if (slot != nullptr && block == nullptr) --page.used;
+      slot = block;
+    }
+    if (page.used == 0) pages_.erase(it);
+    first = page_end;
+  }
+}
+
 void AllocationTable::reindex(std::uint64_t chunk) {
   const std::uint64_t lo = chunk * kChunkBytes, hi = lo + kChunkBytes;
   const Block* only = nullptr;
@@ -67,7 +92,7 @@ bool AllocationTable::insert(const Block& block) {
   const Block* b = &blocks_.emplace_hint(next, block.base, block)->second;
   bytes_ += block.bytes;
   const std::uint64_t first = chunk_index(block.base), last = chunk_index(block.end() - 1);
-  for (std::uint64_t c = first + 1; c < last; ++c) set_slot(c, b);  // its own
+  if (last > first + 1) fill(first + 1, last, b);  // its own
   reindex(first);
   if (last != first) reindex(last);
   return true;
@@ -81,7 +106,7 @@ std::optional<Block> AllocationTable::erase(std::uint64_t base) {
   bytes_ -= b.bytes;
   blocks_.erase(it);
   const std::uint64_t first = chunk_index(b.base), last = chunk_index(b.end() - 1);
-  for (std::uint64_t c = first + 1; c < last; ++c) set_slot(c, nullptr);
+  if (last > first + 1) fill(first + 1, last, nullptr);
   reindex(first);
   if (last != first) reindex(last);
   return b;
