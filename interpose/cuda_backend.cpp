@@ -194,6 +194,8 @@ LaunchOrderScope::LaunchOrderScope(CUstream launch_stream) {
 
 LaunchOrderScope::~LaunchOrderScope() { t_order = nullptr; }
 
+std::unique_lock<std::mutex> lock_launch_streams() { return std::unique_lock<std::mutex>(g_streams_mutex); }
+
 void forget_launch_stream(CUstream stream) {
   std::lock_guard lock(g_streams_mutex);
   for (auto& slot : g_streams) {
@@ -221,13 +223,15 @@ Result CudaBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location t
   if (to == Location::cpu) {
     if (LaunchOrder* o = t_order; o != nullptr && !o->host_ordered) {
       order_after(stream, o->launch_stream, 0);
-      // Other streams' recent work too. Under the registry's lock, so that none of them is
-      // destroyed meanwhile (forget_launch_stream); a capturing one is left alone (an event
-      // recorded there would join the capture).
+      // Other streams' recent work too, unless a capture is in progress anywhere (an event
+      // recorded on a capturing stream would make the host stream join its capture). Under
+      // the registry's lock, which the capture-begin hooks hold across the real call: no
+      // capture begins meanwhile, and no registered stream is destroyed (forget_launch_stream).
       std::lock_guard lock(g_streams_mutex);
-      for (const auto& [other, at] : g_streams) {
-        if (at == 0 || other == o->launch_stream || at + kRecentLaunches <= g_launches) continue;
-        if (!is_capturing(reinterpret_cast<StreamHandle>(other))) order_after(stream, other, 0);
+      if (!captures_in_progress()) {
+        for (const auto& [other, at] : g_streams) {
+          if (at != 0 && other != o->launch_stream && at + kRecentLaunches > g_launches) order_after(stream, other, 0);
+        }
       }
       o->host_ordered = true;
     }

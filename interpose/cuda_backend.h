@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <mutex>
 
 #include "shim.h"
 #include "spillway/backend.h"
@@ -42,9 +43,12 @@ class CudaBackend final : public Backend {
 // the launch goes to (never a capturing one: the hook does not call the Engine then). While
 // it is set, CudaBackend::prefetch orders the shim's streams after the program's work:
 //  - the first eviction (toward the host) of the launch makes the host stream wait for an
-//    event recorded on the launching stream, and on every other stream that launched
-//    kernels among the last kRecentLaunches launches (other threads' streams), so chunks
-//    are not moved away under kernels issued before this launch that may still use them;
+//    event recorded on the launching stream, and — while no capture is in progress — on
+//    every other stream that launched kernels among the last 256 launches (other threads'
+//    streams; not the per-thread default stream, which names another stream on each
+//    thread), so chunks are not moved away under kernels issued before this launch that may
+//    still use them. (Streams destroyed with the context rather than cuStreamDestroy stay
+//    registered; like the shim's own streams, they assume the context lives on.);
 //  - the first prefetch toward the GPU after evictions (by any thread) makes the GPU stream
 //    wait for an event recorded on the host stream, so room is made before data arrives
 //    (the budget).
@@ -63,6 +67,11 @@ class LaunchOrderScope {
 // The program destroys `stream`: evictions stop ordering themselves after it. Call before
 // the real cuStreamDestroy. Thread-safe.
 void forget_launch_stream(CUstream stream);
+// The lock an eviction holds while it orders the host stream after other streams: the
+// capture-begin hooks hold it across the real call, so that no capture begins meanwhile.
+std::unique_lock<std::mutex> lock_launch_streams();
+// Whether a stream capture begun through the hooks is in progress (hooks_launch.cpp).
+bool captures_in_progress();
 
 CudaBackend& backend_instance();
 

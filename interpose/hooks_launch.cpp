@@ -702,11 +702,14 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
   return obs.done(real().cuGraphLaunch_ptsz(exec, s), CUDA_SUCCESS);
 }
 
+// (The launching streams' lock: no eviction orders itself after other streams meanwhile.)
 CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
+  auto streams = interpose::lock_launch_streams();
   return begin_capture(s, real().cuStreamBeginCapture_v2(s, mode));
 }
 
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
+  auto streams = interpose::lock_launch_streams();
   return begin_capture(per_thread(s), real().cuStreamBeginCapture_v2_ptsz(s, mode));
 }
 
@@ -766,3 +769,9 @@ cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const voi
 }
 
 }  // namespace spillway::hook
+
+namespace spillway::interpose {
+
+bool captures_in_progress() { return hook::g_captures.load(std::memory_order_acquire) != 0; }
+
+}  // namespace spillway::interpose

@@ -104,7 +104,18 @@ void LearnedPolicy::on_residency(ChunkIndex chunk, bool resident) {
   // lookahead reach it again.
   if (info.nu > seq_ && info.nu <= ahead_) {
     ahead_ = info.nu - 1;
-    while (!walked_.empty() && walked_.back().first > ahead_) walked_.pop_back();  // walked again
+    // Launches after ahead_ will be walked again. Those up to it still count, and the entries
+    // popped stood for them too (each had removed the smaller ones before it): keep the
+    // largest popped next use for them.
+    std::uint64_t popped = 0;
+    while (!walked_.empty() && walked_.back().first > ahead_) {
+      popped = std::max(popped, walked_.back().second);
+      walked_.pop_back();
+    }
+    if (popped != 0 && ahead_ > seq_) {
+      while (!walked_.empty() && walked_.back().second <= popped) walked_.pop_back();
+      walked_.emplace_back(ahead_, popped);
+    }
   }
 }
 
@@ -367,7 +378,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     while (hi != resident_.rend() && unavailable(*hi)) ++hi;
     const std::uint64_t nu = hi == resident_.rend() ? 0 : hi->first.first;
     if (hi == resident_.rend() || nu <= need || nu < seq_) return false;
-    if (nu < floor && (waited_ns_ >= p_.max_waiting * interval_ns_ || survives(nu))) return false;
+    if (nu < floor && ((interval_ns_ > 0 && waited_ns_ >= p_.max_waiting * interval_ns_) || survives(nu))) return false;
     ++hi;
     return true;
   };

@@ -147,6 +147,29 @@ TEST(EngineLaunch, ALaunchInFlightKeepsItsChunksUntilItsKernelIsIssued) {
   EXPECT_EQ(f.engine.stats().evicted_chunks, 3u);
 }
 
+// A chunk held by two launches in flight stays pinned until both kernels are issued: the
+// later launch's guard ending first must not unpin it for the earlier one.
+TEST(EngineLaunch, AChunkHeldByTwoLaunchesInFlightStaysUntilBothAreIssued) {
+  Fixture f(3);
+  std::uint64_t a = f.alloc(kChunkBytes), b = f.alloc(kChunkBytes), c = f.alloc(kChunkBytes);
+  std::uint64_t d = f.alloc(kChunkBytes);
+  auto in_flight = [&](std::vector<Access>& acc) {
+    Launch l;
+    l.seq = f.seq++;
+    l.name = "k";
+    l.accesses = acc;
+    return f.engine.launch_in_flight(l);
+  };
+  std::vector<Access> first_acc{{a, kChunkBytes, false}};
+  std::vector<Access> second_acc{{a, kChunkBytes, false}, {b, kChunkBytes, false}};
+  Engine::LaunchInFlight first = in_flight(first_acc);
+  { Engine::LaunchInFlight second = in_flight(second_acc); }  // issued at once
+  f.launch({{c, kChunkBytes, false}});
+  f.launch({{d, kChunkBytes, false}});  // room for d: b goes, not a (the first still needs it)
+  EXPECT_TRUE(f.engine.planned_resident(chunk_of(a)));
+  EXPECT_FALSE(f.engine.planned_resident(chunk_of(b)));
+}
+
 // Two threads' plans are carried out in the order they were made. Thread A's first Backend
 // call stalls until thread B has started its launch, and then 50 ms more: B, planned after
 // A against the residency A's plan leaves, must not move anything before A's moves are

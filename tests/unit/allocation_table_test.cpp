@@ -122,6 +122,18 @@ TEST(AllocationTable, ChunkIndexAgreesWithAPlainSearch) {
   EXPECT_EQ(t.size(), 0u);
 }
 
+// The last 2 MiB chunk of the address space: its end wraps to 0.
+TEST(AllocationTable, FindsBlocksInTheLastChunkOfTheAddressSpace) {
+  AllocationTable t;
+  const std::uint64_t base = ~0ull - (1ull << 20) + 1;  // 1 MiB below 2^64
+  ASSERT_TRUE(t.insert(make(base, 4096, 9)));
+  ASSERT_TRUE(t.find(base + 10).has_value());
+  EXPECT_EQ(t.find(base + 10)->id, 9u);
+  EXPECT_FALSE(t.find(base + 4096).has_value());
+  ASSERT_TRUE(t.erase(base).has_value());
+  EXPECT_FALSE(t.find(base).has_value());
+}
+
 TEST(AllocationTable, ConcurrentDisjointInsertEraseStaysConsistent) {
   AllocationTable t;
   constexpr int kThreads = 16;

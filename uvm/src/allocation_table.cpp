@@ -68,7 +68,7 @@ void AllocationTable::fill(std::uint64_t first, std::uint64_t end, const Block* 
 }
 
 void AllocationTable::reindex(std::uint64_t chunk) {
-  const std::uint64_t lo = chunk * kChunkBytes, hi = lo + kChunkBytes;
+  const std::uint64_t lo = chunk * kChunkBytes;  // (lo + kChunkBytes wraps for the last chunk)
   const Block* only = nullptr;
   int overlapping = 0;
   auto it = blocks_.upper_bound(lo);
@@ -76,7 +76,7 @@ void AllocationTable::reindex(std::uint64_t chunk) {
     only = &std::prev(it)->second;
     ++overlapping;
   }
-  for (; it != blocks_.end() && it->first < hi && overlapping < 2; ++it) {
+  for (; it != blocks_.end() && it->first - lo < kChunkBytes && overlapping < 2; ++it) {
     only = &it->second;
     ++overlapping;
   }

@@ -50,9 +50,27 @@ class Engine::Residency final : public VictimQuery {
   std::size_t size() const { return index_.size(); }
   std::uint64_t epoch = 0;
 
-  // Epochs of launches planned whose kernels are not issued yet (launch_in_flight): their
-  // pins hold too. Few: one per thread between its plan and its launch.
-  std::vector<std::uint64_t> in_flight;
+  // Launches planned whose kernels are not issued yet (launch_in_flight), by epoch, with the
+  // chunks of their footprint they hold (each resident chunk counts its holders). Few: one
+  // per thread between its plan and its launch.
+  std::vector<std::pair<std::uint64_t, std::vector<ChunkIndex>>> in_flight;
+  void hold(std::vector<ChunkIndex>& chunks) {  // keeps (and holds) only the resident ones
+    std::size_t k = 0;
+    for (ChunkIndex c : chunks) {
+      auto it = index_.find(c);
+      if (it == index_.end()) continue;
+      ++nodes_[it->second].held;
+      chunks[k++] = c;
+    }
+    chunks.resize(k);
+  }
+  void release(const std::vector<ChunkIndex>& chunks) {
+    for (ChunkIndex c : chunks) {
+      auto it = index_.find(c);
+      // (A chunk whose block was freed meanwhile left the plan with its count.)
+      if (it != index_.end() && nodes_[it->second].held > 0) --nodes_[it->second].held;
+    }
+  }
 
   bool pinned(ChunkIndex c) const override {
     auto it = index_.find(c);
@@ -114,10 +132,10 @@ class Engine::Residency final : public VictimQuery {
     std::uint32_t prev = kNil, next = kNil;
     std::uint64_t pin = 0;
     std::uint64_t base = 0, end = 0;  // the block covering the whole chunk, if known
+    std::uint32_t held = 0;           // launches in flight whose kernel will use it
   };
   bool pinned_node(std::uint32_t n) const {
-    const std::uint64_t pin = nodes_[n].pin;
-    return pin == epoch || (!in_flight.empty() && std::find(in_flight.begin(), in_flight.end(), pin) != in_flight.end());
+    return nodes_[n].pin == epoch || nodes_[n].held > 0;
   }
   void unlink(std::uint32_t n) {
     Node& x = nodes_[n];
@@ -430,7 +448,13 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
       turn = plans_made_++;
       if (in_flight) {
         epoch = residency_->epoch;
-        residency_->in_flight.push_back(epoch);
+        std::vector<ChunkIndex> footprint;
+        for (const Access& a : launch.accesses) {
+          if (a.bytes == 0) continue;
+          for (ChunkIndex c = chunk_of(a.addr), last = chunk_of(a.addr + a.bytes - 1); c <= last; ++c) footprint.push_back(c);
+        }
+        residency_->hold(footprint);
+        residency_->in_flight.emplace_back(epoch, std::move(footprint));
       }
     }
   }
@@ -461,15 +485,19 @@ void Engine::wait_for_turn(std::uint64_t turn) {
       SPILLWAY_LOG_ONCE(LogLevel::warn, "a launch's plan waited 100 ms for another thread's; carrying it out unordered");
       return;
     }
-    std::this_thread::yield();
+    // An earlier plan's moves are a few driver calls: yield a while, then sleep briefly.
+    if (spins < 1024) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }
 
 void Engine::end_launch(std::uint64_t epoch) {
   std::lock_guard lock(mutex_);
-  std::vector<std::uint64_t>& f = residency_->in_flight;
-  auto it = std::find(f.begin(), f.end(), epoch);
-  if (it != f.end()) f.erase(it);
+  auto& f = residency_->in_flight;
+  auto it = std::find_if(f.begin(), f.end(), [&](const auto& e) { return e.first == epoch; });
+  if (it == f.end()) return;
+  residency_->release(it->second);
+  f.erase(it);
 }
 
 bool Engine::planned_resident(ChunkIndex chunk) const {

@@ -116,8 +116,7 @@ class Engine {
   // The same, for a caller that issues the kernel after this returns while other threads
   // may launch meanwhile: the launch's pins last until the returned guard is destroyed (do
   // that once the kernel is issued), so that no other thread's plan evicts the chunks this
-  // kernel is about to use. (A chunk pinned again by a later launch keeps only the later
-  // pin.) Thread-safe.
+  // kernel is about to use (each chunk counts the launches in flight that hold it). Thread-safe.
   class LaunchInFlight {
    public:
     LaunchInFlight(LaunchInFlight&& other) noexcept : engine_(other.engine_), epoch_(other.epoch_) { other.engine_ = nullptr; }
