@@ -16,56 +16,10 @@
 #include <string>
 #include <vector>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    CUresult r_ = (call);                                                                \
-    if (r_ != CUDA_SUCCESS) {                                                            \
-      std::fprintf(stderr, "%s:%d: %s failed: %d\n", __FILE__, __LINE__, #call, (int)r_); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
+#include "common.h"  // tests/programs: CHECK, init_context
 
-const char* kPtx = R"(
-.version 8.0
-.target sm_90
-.address_size 64
-.visible .entry fill_u32(.param .u64 fp0, .param .u64 fp1, .param .u32 fp2)
-{
-  .reg .pred %p<2>;
-  .reg .b32 %r<8>;
-  .reg .b64 %rd<10>;
-  ld.param.u64 %rd1, [fp0];
-  ld.param.u64 %rd2, [fp1];
-  ld.param.u32 %r1, [fp2];
-  cvta.to.global.u64 %rd3, %rd1;
-  mov.u32 %r2, %ctaid.x;
-  mov.u32 %r3, %ntid.x;
-  mov.u32 %r4, %tid.x;
-  mad.lo.u32 %r5, %r2, %r3, %r4;
-  cvt.u64.u32 %rd4, %r5;
-  mov.u32 %r6, %nctaid.x;
-  mul.wide.u32 %rd5, %r6, %r3;
-L1:
-  setp.ge.u64 %p1, %rd4, %rd2;
-  @%p1 bra L2;
-  shl.b64 %rd6, %rd4, 2;
-  add.s64 %rd7, %rd3, %rd6;
-  st.global.u32 [%rd7], %r1;
-  add.s64 %rd4, %rd4, %rd5;
-  bra L1;
-L2:
-  ret;
-}
-.visible .entry struct_k(.param .align 8 .b8 sp0[24])
-{
-  .reg .pred %p<2>;
-  .reg .b32 %r<8>;
-  .reg .b64 %rd<10>;
-  ld.param.u64 %rd2, [sp0];
-  ld.param.u64 %rd1, [sp0+8];
-  ld.param.u64 %rd8, [sp0+16];
-  cvt.u32.u64 %r1, %rd8;
-  cvta.to.global.u64 %rd3, %rd1;
+// The grid-stride loop both kernels end with: stores %r1 into the %rd2 words at %rd1.
+const char* kFillLoop = R"(  cvta.to.global.u64 %rd3, %rd1;
   mov.u32 %r2, %ctaid.x;
   mov.u32 %r3, %ntid.x;
   mov.u32 %r4, %tid.x;
@@ -86,6 +40,30 @@ L2:
 }
 )";
 
+const std::string kPtx = std::string(R"(
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry fill_u32(.param .u64 fp0, .param .u64 fp1, .param .u32 fp2)
+{
+  .reg .pred %p<2>;
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<10>;
+  ld.param.u64 %rd1, [fp0];
+  ld.param.u64 %rd2, [fp1];
+  ld.param.u32 %r1, [fp2];
+)") + kFillLoop + R"(.visible .entry struct_k(.param .align 8 .b8 sp0[24])
+{
+  .reg .pred %p<2>;
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<10>;
+  ld.param.u64 %rd2, [sp0];
+  ld.param.u64 %rd1, [sp0+8];
+  ld.param.u64 %rd8, [sp0+16];
+  cvt.u32.u64 %r1, %rd8;
+)" + kFillLoop;
+
+
 CUfunction g_fill, g_struct;
 
 void fill(CUdeviceptr p, unsigned long long n, unsigned v, CUstream s) {
@@ -101,19 +79,14 @@ unsigned word(CUdeviceptr p) {
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "work";
-  CHECK(cuInit(0));
-  CUdevice dev;
-  CHECK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CHECK(cuCtxSetCurrent(ctx));
+  init_context();
   CUmodule m;
   char log[4096] = {0};
   CUjit_option opts[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
   void* vals[] = {log, (void*)(uintptr_t)sizeof log};
   auto load_ex = reinterpret_cast<CUresult (*)(CUmodule*, const void*, unsigned, CUjit_option*, void**)>(
       dlsym(RTLD_DEFAULT, "cuModuleLoadDataEx"));
-  if ((load_ex ? load_ex(&m, kPtx, 2, opts, vals) : cuModuleLoadData(&m, kPtx)) != CUDA_SUCCESS) {
+  if ((load_ex ? load_ex(&m, kPtx.c_str(), 2, opts, vals) : cuModuleLoadData(&m, kPtx.c_str())) != CUDA_SUCCESS) {
     std::fprintf(stderr, "ptx: %s\n", log);
     return 1;
   }
