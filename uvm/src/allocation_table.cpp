@@ -24,25 +24,6 @@ const char* to_string(AllocKind kind) {
 
 const Block AllocationTable::kShared{};
 
-const Block** AllocationTable::slot(std::uint64_t chunk, bool create) {
-  auto it = pages_.find(chunk >> kPageBits);
-  if (it == pages_.end()) {
-    if (!create) return nullptr;
-    it = pages_.emplace(chunk >> kPageBits, std::make_unique<Page>()).first;
-  }
-  return &it->second->slot[chunk & (kPageChunks - 1)];
-}
-
-void AllocationTable::set_slot(std::uint64_t chunk, const Block* block) {
-  const Block** s = slot(chunk, block != nullptr);
-  if (s == nullptr || *s == block) return;
-  Page& page = *pages_.at(chunk >> kPageBits);
-  if (*s == nullptr) ++page.used;
-  if (block == nullptr) --page.used;
-  *s = block;
-  if (page.used == 0) pages_.erase(chunk >> kPageBits);
-}
-
 void AllocationTable::fill(std::uint64_t first, std::uint64_t end, const Block* block) {
   // A page at a time: one page look-up per 4096 chunks.
   while (first < end) {
@@ -80,7 +61,7 @@ void AllocationTable::reindex(std::uint64_t chunk) {
     only = &it->second;
     ++overlapping;
   }
-  set_slot(chunk, overlapping == 0 ? nullptr : overlapping == 1 ? only : &kShared);
+  fill(chunk, chunk + 1, overlapping == 0 ? nullptr : overlapping == 1 ? only : &kShared);
 }
 
 bool AllocationTable::insert(const Block& block) {

@@ -58,8 +58,6 @@ class AllocationTable {
     std::uint64_t used = 0;  // non-null slots
   };
   static const Block kShared;
-  const Block** slot(std::uint64_t chunk, bool create);
-  void set_slot(std::uint64_t chunk, const Block* block);
   void fill(std::uint64_t first, std::uint64_t end, const Block* block);  // slots [first, end)
   void reindex(std::uint64_t chunk);  // recomputes a chunk's slot from blocks_
   std::optional<Block> find_locked(std::uint64_t addr) const;  // find(), with mutex_ held
