@@ -54,16 +54,6 @@ class Engine::Residency final : public VictimQuery {
   // chunks of their footprint they hold (each resident chunk counts its holders). Few: one
   // per thread between its plan and its launch.
   std::vector<std::pair<std::uint64_t, std::vector<ChunkIndex>>> in_flight;
-  void hold(std::vector<ChunkIndex>& chunks) {  // keeps (and holds) only the resident ones
-    std::size_t k = 0;
-    for (ChunkIndex c : chunks) {
-      auto it = index_.find(c);
-      if (it == index_.end()) continue;
-      ++nodes_[it->second].held;
-      chunks[k++] = c;
-    }
-    chunks.resize(k);
-  }
   void release(const std::vector<ChunkIndex>& chunks) {
     for (ChunkIndex c : chunks) {
       auto it = index_.find(c);
@@ -81,16 +71,18 @@ class Engine::Residency final : public VictimQuery {
       if (!visit(nodes_[n].chunk)) return;
     }
   }
-  // Marks `c` most recently used and pinned for this epoch; false if not resident.
-  bool touch_pin(ChunkIndex c) {
+  // Marks `c` most recently used and pinned for this epoch (and, with `hold`, held by one
+  // more launch in flight); false if not resident.
+  bool touch_pin(ChunkIndex c, bool hold = false) {
     auto it = index_.find(c);
     if (it == index_.end()) return false;
     unlink(it->second);
     link_tail(it->second);
     nodes_[it->second].pin = epoch;
+    nodes_[it->second].held += hold ? 1 : 0;
     return true;
   }
-  void insert_pinned(ChunkIndex c, std::uint64_t base = 0, std::uint64_t end = 0) {
+  void insert_pinned(ChunkIndex c, std::uint64_t base = 0, std::uint64_t end = 0, bool hold = false) {
     std::uint32_t n;
     if (!free_.empty()) {
       n = free_.back();
@@ -99,7 +91,7 @@ class Engine::Residency final : public VictimQuery {
       n = static_cast<std::uint32_t>(nodes_.size());
       nodes_.push_back({});
     }
-    nodes_[n] = Node{c, kNil, kNil, epoch, base, end};
+    nodes_[n] = Node{c, kNil, kNil, epoch, base, end, hold ? 1u : 0u};
     link_tail(n);
     index_.emplace(c, n);
   }
@@ -307,7 +299,8 @@ void Engine::plan_eviction(ChunkIndex c, std::vector<Move>& moves) {
   ++counters_.evicted_chunks;
 }
 
-void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves) {
+void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves,
+                         std::vector<ChunkIndex>* held) {
   Residency& r = *residency_;
   ++r.epoch;
   auto for_chunks = [](std::uint64_t addr, std::uint64_t bytes, auto&& fn) {
@@ -316,12 +309,14 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
       if (!fn(c)) return;
     }
   };
-  // 1. Pin what the launch touches and is already resident.
+  // 1. Pin what the launch touches and is already resident (held too, for a launch in flight).
+  const bool hold = held != nullptr;
   std::vector<std::pair<ChunkIndex, std::size_t>>& missing = missing_scratch_;  // (chunk, access)
   missing.clear();
   for (std::size_t i = 0; i < launch.accesses.size(); ++i) {
     for_chunks(launch.accesses[i].addr, launch.accesses[i].bytes, [&](ChunkIndex c) {
-      if (!r.touch_pin(c)) missing.emplace_back(c, i);
+      if (!r.touch_pin(c, hold)) missing.emplace_back(c, i);
+      else if (hold) held->push_back(c);
       return true;
     });
   }
@@ -335,8 +330,8 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
   }
   // 3. The launch's missing footprint, then 4. the Policy's prefetches, in order of need.
   // `block`, when known, is the live block the chunk belongs to.
-  auto fetch = [&](ChunkIndex c, const Block* block) {
-    if (r.touch_pin(c)) return true;
+  auto fetch = [&](ChunkIndex c, const Block* block, bool hold_it) {
+    if (r.touch_pin(c, hold_it)) return true;
     if (!make_room(moves)) {
       ++counters_.dropped_prefetch_chunks;
       return false;
@@ -346,7 +341,7 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
       m.base = block->base;
       m.end = block->end();
     }
-    r.insert_pinned(c, m.base, m.end);
+    r.insert_pinned(c, m.base, m.end, hold_it);
     policy_->on_residency(c, true);
     moves.push_back(m);
     ++counters_.prefetched_chunks;
@@ -357,7 +352,15 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
   std::size_t failed = SIZE_MAX;
   for (const auto& [c, access] : missing) {
     if (access == failed) continue;
-    if (!(r.touch_pin(c) || policy_->leave_remote(c) || fetch(c, nullptr))) failed = access;  // (a chunk may appear twice)
+    // (touch_pin: a chunk may appear twice)
+    if (!r.touch_pin(c, hold)) {
+      if (policy_->leave_remote(c)) continue;
+      if (!fetch(c, nullptr, hold)) {
+        failed = access;
+        continue;
+      }
+    }
+    if (hold) held->push_back(c);
   }
   if (actions.list.empty()) return;
   const AllocationTable::Reader table(table_);  // (no allocation, free or driver call below)
@@ -366,7 +369,7 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
     std::optional<Block> b = table.find(a.addr);
     if (!b || a.bytes == 0 || a.bytes > b->end() - a.addr) continue;  // not inside one live block
     bool room = true;
-    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return room = fetch(c, &*b); });
+    for_chunks(a.addr, a.bytes, [&](ChunkIndex c) { return room = fetch(c, &*b, false); });
     if (!room) break;
   }
 }
@@ -444,17 +447,12 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
     policy_->on_launch(launch, actions);
     planned = policy_->manages_residency();
     if (planned) {
-      plan_launch(launch, actions, moves);
+      std::vector<ChunkIndex> held;  // the launch's resident chunks, held while it is in flight
+      plan_launch(launch, actions, moves, in_flight ? &held : nullptr);
       turn = plans_made_++;
       if (in_flight) {
         epoch = residency_->epoch;
-        std::vector<ChunkIndex> footprint;
-        for (const Access& a : launch.accesses) {
-          if (a.bytes == 0) continue;
-          for (ChunkIndex c = chunk_of(a.addr), last = chunk_of(a.addr + a.bytes - 1); c <= last; ++c) footprint.push_back(c);
-        }
-        residency_->hold(footprint);
-        residency_->in_flight.emplace_back(epoch, std::move(footprint));
+        residency_->in_flight.emplace_back(epoch, std::move(held));
       }
     }
   }

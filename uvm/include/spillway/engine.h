@@ -182,7 +182,10 @@ class Engine {
     // look-up in carry_out().
     std::uint64_t base = 0, end = 0;
   };
-  void plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves);
+  // With `held`, the launch is in flight: the resident chunks of its footprint are held and
+  // appended there (released by end_launch).
+  void plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves,
+                   std::vector<ChunkIndex>* held = nullptr);
   std::uint64_t run_launch(const Launch& launch, bool in_flight);  // the epoch kept in flight, or 0
   void end_launch(std::uint64_t epoch);
   void wait_for_turn(std::uint64_t turn);  // until the plans made before plan `turn` are carried out
