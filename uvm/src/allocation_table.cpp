@@ -27,23 +27,17 @@ const Block AllocationTable::kShared{};
 void AllocationTable::fill(std::uint64_t first, std::uint64_t end, const Block* block) {
   // A page at a time: one page look-up per 4096 chunks.
   while (first < end) {
-    const std::uint64_t page_end = std::min(end, (first / kPageChunks + 1) * kPageChunks);
-    auto it = pages_.find(first >> kPageBits);
-    if (it == pages_.end()) {
-      if (block == nullptr) {
-        first = page_end;
-        continue;
+    const std::uint64_t page_end = std::min(end, (first / Index::kPageChunks + 1) * Index::kPageChunks);
+    Index::Page* page = block == nullptr ? index_.page(first) : &index_.page_or_add(first);
+    if (page != nullptr) {
+      for (std::uint64_t c = first; c < page_end; ++c) {
+        const Block*& slot = page->slot[c & (Index::kPageChunks - 1)];
+        if (slot == nullptr && block != nullptr) ++page->used;
+        if (slot != nullptr && block == nullptr) --page->used;
+        slot = block;
       }
-      it = pages_.emplace(first >> kPageBits, std::make_unique<Page>()).first;
+      if (page->used == 0) index_.drop_if_unused(first);
     }
-    Page& page = *it->second;
-    for (std::uint64_t c = first; c < page_end; ++c) {
-      const Block*& slot = page.slot[c & (kPageChunks - 1)];
-      if (slot == nullptr && block != nullptr) ++page.used;
-      if (slot != nullptr && block == nullptr) --page.used;
-      slot = block;
-    }
-    if (page.used == 0) pages_.erase(it);
     first = page_end;
   }
 }
@@ -99,10 +93,9 @@ std::optional<Block> AllocationTable::find(std::uint64_t addr) const {
 }
 
 std::optional<Block> AllocationTable::find_locked(std::uint64_t addr) const {
-  auto page = pages_.find(chunk_index(addr) >> kPageBits);
-  if (page == pages_.end()) return std::nullopt;
-  const Block* only = page->second->slot[chunk_index(addr) & (kPageChunks - 1)];
-  if (only == nullptr) return std::nullopt;
+  const Block* const* slot = index_.find(chunk_index(addr));
+  if (slot == nullptr || *slot == nullptr) return std::nullopt;
+  const Block* only = *slot;
   if (only != &kShared) {
     if (!only->contains(addr)) return std::nullopt;
     return *only;

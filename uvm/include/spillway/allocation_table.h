@@ -1,14 +1,12 @@
 // The Engine's allocation table: an interval map from address to live managed Block.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <optional>
 #include <shared_mutex>
-#include <unordered_map>
 
+#include "spillway/chunk_pages.h"
 #include "spillway/types.h"
 
 namespace spillway {
@@ -50,13 +48,8 @@ class AllocationTable {
  private:
   // Chunk index: per 2 MiB chunk, nullptr (no live block overlaps it), the one live block
   // that overlaps it (a node of blocks_: stable until erased), or &kShared (several: search
-  // blocks_). Pages of kPageChunks chunks, allocated while some chunk of theirs is overlapped.
-  static constexpr unsigned kPageBits = 12;
-  static constexpr std::uint64_t kPageChunks = 1ull << kPageBits;
-  struct Page {
-    std::array<const Block*, kPageChunks> slot{};
-    std::uint64_t used = 0;  // non-null slots
-  };
+  // blocks_). Pages of 4096 chunks, allocated while some chunk of theirs is overlapped.
+  using Index = ChunkPages<const Block*, 12>;  // 4096 chunks (8 GiB) to a page
   static const Block kShared;
   void fill(std::uint64_t first, std::uint64_t end, const Block* block);  // slots [first, end)
   void reindex(std::uint64_t chunk);  // recomputes a chunk's slot from blocks_
@@ -64,7 +57,7 @@ class AllocationTable {
 
   mutable std::shared_mutex mutex_;
   std::map<std::uint64_t, Block> blocks_;  // keyed by base
-  std::unordered_map<std::uint64_t, std::unique_ptr<Page>> pages_;  // chunk >> kPageBits -> page
+  Index index_;
   std::uint64_t bytes_ = 0;
 };
 

@@ -1,0 +1,64 @@
+// Per-2 MiB-chunk slots, allocated a page of consecutive chunks at a time: a look-up is one
+// search among the pages (few: one per 2^PageBits chunks of address space in use) and one
+// load, where a hash map of chunks costs a bucket, a predecessor node and the node — three
+// dependent cache misses once there are thousands of chunks. The allocation table's index,
+// the Engine's residency plan and `learned`'s per-chunk records use it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+namespace spillway {
+
+// Slots of T, value-initialised, for chunk indices (address / 2 MiB). A page's address is
+// stable until drop_if_unused() frees it, so a slot may be held by pointer meanwhile.
+// Memory: sizeof(T) << PageBits per page holding any slot in use. Not thread-safe: the
+// owner serialises access (find() and the const accessors may run concurrently).
+template <class T, unsigned PageBits>
+class ChunkPages {
+ public:
+  static constexpr std::uint64_t kPageChunks = 1ull << PageBits;
+  struct Page {
+    std::array<T, kPageChunks> slot{};
+    std::uint64_t used = 0;  // kept by the owner: drop_if_unused() frees the page at 0
+  };
+
+  // The page holding `chunk`, or nullptr when none does.
+  Page* page(std::uint64_t chunk) const {
+    auto it = pages_.find(chunk >> PageBits);
+    return it == pages_.end() ? nullptr : it->second.get();
+  }
+  // The page holding `chunk`, allocated if there was none.
+  Page& page_or_add(std::uint64_t chunk) {
+    std::unique_ptr<Page>& p = pages_[chunk >> PageBits];
+    if (p == nullptr) p = std::make_unique<Page>();
+    return *p;
+  }
+  // The slot of `chunk`, or nullptr when no page holds it.
+  T* find(std::uint64_t chunk) const {
+    Page* p = page(chunk);
+    return p == nullptr ? nullptr : &p->slot[chunk & (kPageChunks - 1)];
+  }
+  // The slot of `chunk`, its page allocated if there was none.
+  T& operator[](std::uint64_t chunk) { return page_or_add(chunk).slot[chunk & (kPageChunks - 1)]; }
+  // Frees the page holding `chunk` if its `used` count is 0 (its slots are then lost).
+  void drop_if_unused(std::uint64_t chunk) {
+    auto it = pages_.find(chunk >> PageBits);
+    if (it != pages_.end() && it->second->used == 0) pages_.erase(it);
+  }
+  // Calls visit(T&) for every slot of every page, in no particular order.
+  template <class F>
+  void for_each_slot(F&& visit) {
+    for (auto& [key, p] : pages_) {
+      for (T& s : p->slot) visit(s);
+    }
+  }
+  std::size_t pages() const { return pages_.size(); }
+
+ private:
+  std::unordered_map<std::uint64_t, std::unique_ptr<Page>> pages_;  // chunk >> PageBits -> page
+};
+
+}  // namespace spillway
