@@ -7,6 +7,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "spillway/chunk_pages.h"
 #include "spillway/log.h"
 #include "spillway/size.h"
 
@@ -46,8 +47,8 @@ class Engine::Residency final : public VictimQuery {
  public:
   static constexpr std::uint32_t kNil = std::numeric_limits<std::uint32_t>::max();
 
-  bool contains(ChunkIndex c) const { return index_.count(c) != 0; }
-  std::size_t size() const { return index_.size(); }
+  bool contains(ChunkIndex c) const { return node_of(c) != kNil; }
+  std::size_t size() const { return size_; }
   std::uint64_t epoch = 0;
 
   // Launches planned whose kernels are not issued yet (launch_in_flight), by epoch, with the
@@ -56,15 +57,15 @@ class Engine::Residency final : public VictimQuery {
   std::vector<std::pair<std::uint64_t, std::vector<ChunkIndex>>> in_flight;
   void release(const std::vector<ChunkIndex>& chunks) {
     for (ChunkIndex c : chunks) {
-      auto it = index_.find(c);
+      const std::uint32_t n = node_of(c);
       // (A chunk whose block was freed meanwhile left the plan with its count.)
-      if (it != index_.end() && nodes_[it->second].held > 0) --nodes_[it->second].held;
+      if (n != kNil && nodes_[n].held > 0) --nodes_[n].held;
     }
   }
 
   bool pinned(ChunkIndex c) const override {
-    auto it = index_.find(c);
-    return it != index_.end() && pinned_node(it->second);
+    const std::uint32_t n = node_of(c);
+    return n != kNil && pinned_node(n);
   }
   void for_each_lru(const std::function<bool(ChunkIndex)>& visit) const override {
     for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
@@ -74,12 +75,12 @@ class Engine::Residency final : public VictimQuery {
   // Marks `c` most recently used and pinned for this epoch (and, with `hold`, held by one
   // more launch in flight); false if not resident.
   bool touch_pin(ChunkIndex c, bool hold = false) {
-    auto it = index_.find(c);
-    if (it == index_.end()) return false;
-    unlink(it->second);
-    link_tail(it->second);
-    nodes_[it->second].pin = epoch;
-    nodes_[it->second].held += hold ? 1 : 0;
+    const std::uint32_t n = node_of(c);
+    if (n == kNil) return false;
+    unlink(n);
+    link_tail(n);
+    nodes_[n].pin = epoch;
+    nodes_[n].held += hold ? 1 : 0;
     return true;
   }
   void insert_pinned(ChunkIndex c, std::uint64_t base = 0, std::uint64_t end = 0, bool hold = false) {
@@ -93,18 +94,25 @@ class Engine::Residency final : public VictimQuery {
     }
     nodes_[n] = Node{c, kNil, kNil, epoch, base, end, hold ? 1u : 0u};
     link_tail(n);
-    index_.emplace(c, n);
+    auto& page = index_.page_or_add(c);
+    page.slot[c & (Index::kPageChunks - 1)] = n + 1;
+    ++page.used;
+    ++size_;
   }
   // Removes `c`; false if it was not resident. With `block`, stores there the block
   // recorded at insertion ([base, end); 0, 0 when unknown).
   bool erase(ChunkIndex c, std::uint64_t* base = nullptr, std::uint64_t* end = nullptr) {
-    auto it = index_.find(c);
-    if (it == index_.end()) return false;
-    if (base != nullptr) *base = nodes_[it->second].base;
-    if (end != nullptr) *end = nodes_[it->second].end;
-    unlink(it->second);
-    free_.push_back(it->second);
-    index_.erase(it);
+    const std::uint32_t n = node_of(c);
+    if (n == kNil) return false;
+    if (base != nullptr) *base = nodes_[n].base;
+    if (end != nullptr) *end = nodes_[n].end;
+    unlink(n);
+    free_.push_back(n);
+    auto* page = index_.page(c);
+    page->slot[c & (Index::kPageChunks - 1)] = 0;
+    --page->used;
+    --size_;
+    index_.drop_if_unused(c);
     return true;
   }
   // The least recently used unpinned chunk, if any.
@@ -141,7 +149,15 @@ class Engine::Residency final : public VictimQuery {
     if (tail_ != kNil) nodes_[tail_].next = n; else head_ = n;
     tail_ = n;
   }
-  std::unordered_map<ChunkIndex, std::uint32_t> index_;
+  // The node of chunk c, or kNil when c is not resident.
+  std::uint32_t node_of(ChunkIndex c) const {
+    const std::uint32_t* slot = index_.find(c);
+    return slot == nullptr ? kNil : *slot - 1;  // (0, no node, wraps to kNil)
+  }
+  // Per chunk: its node + 1, 0 when not resident; 4096 chunks (8 GiB) to a page.
+  using Index = ChunkPages<std::uint32_t, 12>;
+  Index index_;
+  std::size_t size_ = 0;
   std::vector<Node> nodes_;
   std::vector<std::uint32_t> free_;
   std::uint32_t head_ = kNil, tail_ = kNil;
