@@ -30,11 +30,13 @@ void LearnedPolicy::on_alloc(const Block& block, Actions&) {
   if (block.bytes == 0) return;
   for (ChunkIndex c = chunk_of(block.base), last = chunk_of(block.end() - 1); c <= last; ++c) {
     ChunkInfo& i = chunks_[c];
-    ++i.gen;
+    i.allocated = true;
     i.advised = false;  // a new block: no advice on it
     if (i.blocks++ == 0) {
-      i.addr = std::max<std::uint64_t>(block.base, c * kChunkBytes);
-      i.end = std::min<std::uint64_t>(block.end(), (c + 1) * kChunkBytes);
+      // Offsets from the chunk's start: [addr_offset, end_offset) is within [0, 2 MiB].
+      const std::uint64_t lo = c * kChunkBytes;
+      i.addr_offset = static_cast<std::uint32_t>(std::max<std::uint64_t>(block.base, lo) - lo);
+      i.end_offset = static_cast<std::uint32_t>(std::min<std::uint64_t>(block.end() - lo, kChunkBytes));
     }
   }
 }
@@ -42,9 +44,9 @@ void LearnedPolicy::on_alloc(const Block& block, Actions&) {
 void LearnedPolicy::on_free(const Block& block, Actions&) {
   if (block.bytes == 0) return;
   for (ChunkIndex c = chunk_of(block.base), last = chunk_of(block.end() - 1); c <= last; ++c) {
-    auto it = chunks_.find(c);
-    if (it == chunks_.end()) continue;
-    ChunkInfo& i = it->second;
+    ChunkInfo* record = chunks_.find(c);
+    if (record == nullptr) continue;
+    ChunkInfo& i = *record;
     if (i.blocks > 0) --i.blocks;
     // The data its last touch left is dead: that touch's signature learns so.
     if (i.sig != kNone) observe(i.sig, true, 0);
@@ -120,8 +122,8 @@ void LearnedPolicy::on_residency(ChunkIndex chunk, bool resident) {
 }
 
 bool LearnedPolicy::leave_remote(ChunkIndex chunk) {
-  auto it = chunks_.find(chunk);
-  return it != chunks_.end() && it->second.remote == stamp_ && stamp_ != 0;
+  const ChunkInfo* info = chunks_.find(chunk);
+  return info != nullptr && info->remote == stamp_ && stamp_ != 0;
 }
 
 std::uint64_t LearnedPolicy::guess_next_use(const ChunkInfo& info) const {
@@ -191,14 +193,14 @@ std::uint32_t LearnedPolicy::append(const Launch& launch) {
         touches_[info.last_touch].next = t;
       }
       if (!replaying_) {
-        if (info.sig != kNone && info.touch_gen == info.gen) observe(info.sig, false, seq_ - info.last_seq);
+        if (info.sig != kNone && !info.allocated) observe(info.sig, false, seq_ - info.last_seq);
         info.sig = sig;
         info.last_seq = seq_;
       }
       info.last_touch = t;
-      const bool fresh = first || info.touch_gen != info.gen;
-      info.touch_gen = info.gen;
-      touches_.push_back(Touch{c, kNone, n, fresh});
+      const bool fresh = first || info.allocated;
+      info.allocated = false;
+      touches_.push_back(Touch{c, &info, kNone, n, fresh});
       touched_.push_back(&info);
     }
   }
@@ -246,7 +248,7 @@ void LearnedPolicy::compact() {
   std::vector<Touch> old_touches;
   old_log.swap(log_);
   old_touches.swap(touches_);
-  for (auto& [c, info] : chunks_) info.last_touch = kNone;
+  chunks_.for_each_slot([](ChunkInfo& info) { info.last_touch = kNone; });
   ctx_pos_.clear();
   id_pos_.clear();
   prefix_.assign(1, 0);
@@ -419,8 +421,9 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         prev_remote_ = true;
         ++remote_;
         if (!info.advised) {
-          actions.advise(info.addr, info.end - info.addr, Advice::preferred_location, Location::cpu);
-          actions.advise(info.addr, info.end - info.addr, Advice::accessed_by, Location::gpu);
+          const std::uint64_t addr = m.chunk * kChunkBytes + info.addr_offset, bytes = info.end_offset - info.addr_offset;
+          actions.advise(addr, bytes, Advice::preferred_location, Location::cpu);
+          actions.advise(addr, bytes, Advice::accessed_by, Location::gpu);
           info.advised = true;
         }
         continue;
@@ -456,7 +459,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     bool stop = false;
     for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
       const ChunkIndex c = touches_[t].chunk;
-      ChunkInfo& info = chunks_[c];
+      ChunkInfo& info = *touches_[t].info;
       if (info.mark > stamp_) continue;  // already in this plan
       if (touches_[t].fresh) {
         // Its block will be new then: nothing to bring, but the new block will need room
@@ -494,7 +497,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
       }
       set_next_use(c, info, s);
       info.mark = stamp_ + kPlanned;
-      actions.prefetch(info.addr, 1, Location::gpu);
+      actions.prefetch(c * kChunkBytes + info.addr_offset, 1, Location::gpu);
       info.pf_age = age;
       link_free_ns_ += chunk_ns;
     }

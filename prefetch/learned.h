@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "spillway/chunk_pages.h"
 #include "spillway/policy.h"
 
 namespace spillway {
@@ -119,8 +120,10 @@ class LearnedPolicy final : public Policy {
   using RankedSet = std::pmr::map<std::pair<std::uint64_t, ChunkIndex>, ChunkInfo*>;
   static constexpr std::uint64_t kFar = UINT64_MAX / 4;  // "no predicted use"
   static constexpr std::uint8_t kNoAge = 255;
+  struct ChunkInfo;
   struct Touch {
     ChunkIndex chunk;
+    ChunkInfo* info;     // its record in chunks_ (records are never erased: the address is stable)
     std::uint32_t next;  // index in touches_ of the next touch of this chunk, or kNone
     std::uint32_t entry; // log entry holding this touch
     bool fresh;          // the chunk's block was allocated since its previous touch
@@ -129,23 +132,22 @@ class LearnedPolicy final : public Policy {
     std::uint64_t exec_id;
     std::uint32_t touch_begin, touch_end;
   };
-  // Everything known about one 2 MiB chunk (one hash lookup per touch).
-  struct ChunkInfo {
+  // Everything known about one 2 MiB chunk, in one cache line (one miss per touch).
+  struct alignas(64) ChunkInfo {
     std::uint32_t last_touch = kNone;  // index in touches_ of its last touch
-    std::uint32_t gen = 0;             // allocations seen on it
-    std::uint32_t touch_gen = 0;       // gen at its last touch
     std::uint32_t blocks = 0;          // live blocks on it
-    std::uint64_t addr = 0;            // an address inside one of them (for Actions::prefetch)
-    std::uint64_t end = 0;             // end of that block's part of the chunk (for Actions::advise)
-    std::uint64_t remote = 0;          // stamp_ of the launch that leaves it remote
+    std::uint32_t addr_offset = 0;     // an address inside one of them, from the chunk's start (for Actions::prefetch)
+    std::uint32_t end_offset = 0;      // end of that block's part of the chunk, same origin (for Actions::advise)
+    std::uint32_t sig = kNone;         // signature of its last touch (index in sigs_), kNone: none since allocated
+    bool allocated = false;            // a block was allocated on it since its last touch
     bool advised = false;              // remote-access advice set on the live block here
+    bool resident = false;             // in the Engine's plan (on_residency)
+    std::uint8_t pf_age = kNoAge;      // anchor age (streak) of the prefetch awaiting its use
+    std::uint64_t remote = 0;          // stamp_ of the launch that leaves it remote
     std::uint64_t nu = kFar;           // predicted next use (launch seq)
     std::uint64_t mark = 0;            // stamp_ + kind while this launch's plan holds it
-    bool resident = false;             // in the Engine's plan (on_residency)
-    RankedSet::iterator rank{};        // its node in resident_, while resident
     std::uint64_t last_seq = 0;        // launch seq of its last touch
-    std::uint32_t sig = kNone;         // signature of its last touch (index in sigs_), kNone: none since allocated
-    std::uint8_t pf_age = kNoAge;      // anchor age (streak) of the prefetch awaiting its use
+    RankedSet::iterator rank{};        // its node in resident_, while resident
   };
   // What follows a touch by one (kernel name, argument position) — the signature, the
   // launch-level counterpart of a load's program counter in SHiP (Wu et al., MICRO 2011)
@@ -172,7 +174,9 @@ class LearnedPolicy final : public Policy {
   std::vector<Entry> log_;
   std::vector<Touch> touches_;
   std::vector<std::uint64_t> prefix_;  // prefix_[i]: predicted duration of entries [0, i), ns
-  std::unordered_map<ChunkIndex, ChunkInfo> chunks_;
+  // Records by chunk, 512 (1 GiB of address space) to a page; never freed, so a record's
+  // address is stable (Touch::info, RankedSet).
+  ChunkPages<ChunkInfo, 9> chunks_;
   std::unordered_map<std::uint64_t, std::uint32_t> ctx_pos_;   // hash of last `context` ids -> entry
   std::unordered_map<std::uint64_t, std::uint32_t> id_pos_;    // exec id -> its last entry
   std::unordered_map<std::uint64_t, std::uint64_t> dur_;       // exec id -> learned duration (EWMA)

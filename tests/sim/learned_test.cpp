@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "instant_backend.h"
 #include "learned.h"
 #include "policies.h"
+#include "spillway/engine.h"
 #include "spillway/sim/simulator.h"
 #include "trace_builder.h"
 
@@ -345,6 +348,69 @@ void expect_prefix_decisions_equal(const trace::Trace& full, std::size_t cut, co
   if (b.size() > a.size()) {
     EXPECT_EQ(b[a.size()].rfind("launch ", 0), 0u) << b[a.size()];
   }
+}
+
+// In the shim, blocks need not start or end on a chunk boundary (the driver packs small
+// managed allocations; the records keep offsets from the chunk's start). Every address
+// `learned` prefetches, and every range it advises, lies inside a live block and within one
+// chunk (what the policy asks, before the Engine merges it into ranges per block). Blocks of 2.5 MiB start 768 KiB into a chunk, so each covers the end of one chunk
+// and the start of the next. A loop over twice the GPU of 100 us kernels is prefetched while
+// the launches keep time; once 1 ms passes between them, it is link-bound and some of the
+// loop is left remote (advised).
+TEST(LearnedTest, PrefetchesAndAdviceStayInsideLiveBlocksOffChunkBoundaries) {
+  struct Offset final : spillway::test_support::InstantBackend {
+    using InstantBackend::InstantBackend;
+    std::uint64_t next = 1ull << 40;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> blocks;  // [base, end)
+    Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
+      *addr = next + 768 * 1024;
+      blocks.emplace_back(*addr, *addr + bytes);
+      next += 2 * kChunkBytes;
+      return {};
+    }
+  };
+  const int n = 16;
+  const std::uint64_t bytes = 5 * kChunkBytes / 4;
+  Offset backend(n * kChunkBytes);
+  Config config;
+  config.log_level = LogLevel::error;
+  std::vector<std::string> log;
+  Engine engine(config, backend, std::make_unique<Logged>(log, LearnedParams{}));
+  std::vector<std::uint64_t> base(n);
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(engine.allocate(bytes, AllocKind::alloc, 0, &base[i]).ok());
+  std::uint64_t seq = 0, now = 0;
+  for (int cycle = 0; cycle < 12; ++cycle) {
+    for (int i = 0; i < n; ++i) {
+      const Access a[1] = {{base[i], bytes, false}};
+      Launch l;
+      l.seq = seq++;
+      l.name = "k";
+      l.exec_id = 1000 + static_cast<std::uint64_t>(i);
+      l.accesses = a;
+      l.dur_ns = 100'000;
+      l.now_ns = now += cycle < 4 ? 100'000 : 1'000'000;  // in time, then waiting for the link
+      engine.launch(l);
+    }
+  }
+  auto inside_a_block_and_a_chunk = [&](std::pair<std::uint64_t, std::uint64_t> r) {
+    if (r.second <= r.first || (r.second - 1) / kChunkBytes != r.first / kChunkBytes) return false;
+    for (const auto& [lo, hi] : backend.blocks) {
+      if (lo <= r.first && r.second <= hi) return true;
+    }
+    return false;
+  };
+  std::size_t prefetches = 0, advice = 0;
+  for (const std::string& line : log) {
+    std::istringstream in(line);
+    std::string what;
+    std::uint64_t addr = 0, len = 0;
+    in >> what >> addr >> len;
+    if (what != "prefetch" && what != "advise") continue;
+    ++(what == "prefetch" ? prefetches : advice);
+    EXPECT_TRUE(inside_a_block_and_a_chunk({addr, addr + len})) << line;
+  }
+  EXPECT_GT(prefetches, 0u);
+  EXPECT_GT(advice, 0u);
 }
 
 TEST(LearnedTest, DecisionsOnAPrefixDoNotDependOnTheRest) {
