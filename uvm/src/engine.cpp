@@ -454,6 +454,12 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
   if (!usable()) return 0;
   EngineActions actions;
   std::vector<Move> moves;
+  if (policy_->manages_residency()) {
+    // One allocation each for a launch's usual plan (a few fetches, evictions and
+    // prefetches), not one per doubling. (Other policies seldom ask for anything.)
+    actions.list.reserve(16);
+    moves.reserve(16);
+  }
   bool planned = false;
   std::uint64_t epoch = 0, turn = 0;
   {
