@@ -98,10 +98,18 @@ void LearnedPolicy::on_residency(ChunkIndex chunk, bool resident) {
   if (info.resident == resident) return;
   info.resident = resident;
   if (resident) {
-    info.rank = resident_.emplace(RankedSet::key_type{info.nu, chunk}, &info).first;
+    if (spare_nodes_.empty()) {
+      info.rank = resident_.emplace(RankedSet::key_type{info.nu, chunk}, &info).first;
+    } else {
+      RankedSet::node_type node = std::move(spare_nodes_.back());
+      spare_nodes_.pop_back();
+      node.key() = {info.nu, chunk};
+      node.mapped() = &info;
+      info.rank = resident_.insert(std::move(node)).position;
+    }
     return;
   }
-  resident_.erase(info.rank);
+  spare_nodes_.push_back(resident_.extract(info.rank));
   // A chunk fetched for a launch the lookahead has passed left before its use: let the
   // lookahead reach it again.
   if (info.nu > seq_ && info.nu <= ahead_) {

@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <memory_resource>
 #include <unordered_map>
 #include <vector>
 
@@ -117,7 +116,7 @@ class LearnedPolicy final : public Policy {
   static constexpr std::uint32_t kNone = UINT32_MAX;
   struct ChunkInfo;
   // Resident chunks by (predicted next use, chunk), each with its record.
-  using RankedSet = std::pmr::map<std::pair<std::uint64_t, ChunkIndex>, ChunkInfo*>;
+  using RankedSet = std::map<std::pair<std::uint64_t, ChunkIndex>, ChunkInfo*>;
   static constexpr std::uint64_t kFar = UINT64_MAX / 4;  // "no predicted use"
   static constexpr std::uint8_t kNoAge = 255;
   struct ChunkInfo;
@@ -200,9 +199,11 @@ class LearnedPolicy final : public Policy {
   std::uint32_t anchor_ = kNone;  // the entry matched by the current launch (future seq s -> anchor_ + s - seq_)
 
   // Residency (the Engine's plan, as on_residency reports it) ranked by predicted next use.
-  // (Node allocations from a pool: the set changes at every touch of a resident chunk.)
-  std::pmr::unsynchronized_pool_resource resident_pool_;
-  RankedSet resident_{&resident_pool_};
+  RankedSet resident_;
+  // Nodes of chunks that left, reused for the next to arrive: the set changes at every fetch
+  // and eviction, and its size stays near the budget, so in the steady state nothing is
+  // allocated or freed.
+  std::vector<RankedSet::node_type> spare_nodes_;
   std::uint64_t budget_chunks_ = 0;  // learned at the first eviction (0: unknown)
   // choose_victim() resumes where it stopped within one launch's plan (what it passed is
   // pinned or gone until the next launch).
