@@ -175,19 +175,23 @@ bool LearnedPolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) 
 // ---- the history ----
 
 std::uint64_t LearnedPolicy::dur_of(std::uint64_t exec_id) const {
-  auto it = dur_.find(exec_id);
-  return it == dur_.end() ? p_.default_dur_ns : it->second;
+  auto it = ids_.find(exec_id);
+  return it == ids_.end() || it->second.dur_ns == 0 ? p_.default_dur_ns : it->second.dur_ns;
 }
 
-std::uint32_t LearnedPolicy::append(const Launch& launch) {
+std::uint32_t LearnedPolicy::append(const Launch& launch, IdInfo** id_out) {
+  auto [it, added] = ids_.try_emplace(launch.exec_id);
+  IdInfo& id = it->second;
+  *id_out = &id;
   if (launch.dur_ns > 0) {
-    auto [it, added] = dur_.try_emplace(launch.exec_id, launch.dur_ns);
-    if (!added) it->second = (3 * it->second + launch.dur_ns) / 4;  // EWMA, weight 1/4 to the newest sample
+    // EWMA, weight 1/4 to the newest sample
+    id.dur_ns = id.dur_ns == 0 ? launch.dur_ns : (3 * id.dur_ns + launch.dur_ns) / 4;
   }
+  if (added && !replaying_) id.name_hash = std::hash<std::string_view>{}(launch.name);
   const std::uint32_t n = static_cast<std::uint32_t>(log_.size());
   Entry e{launch.exec_id, static_cast<std::uint32_t>(touches_.size()), 0};
   std::uint32_t position = 0;
-  const std::uint64_t name_hash = replaying_ ? 0 : std::hash<std::string_view>{}(launch.name);
+  const std::uint64_t name_hash = id.name_hash;
   touched_.clear();
   for (const Access& a : launch.accesses) {
     const std::uint32_t sig = replaying_ ? kNone : signature(name_hash, position++);
@@ -214,7 +218,7 @@ std::uint32_t LearnedPolicy::append(const Launch& launch) {
   }
   e.touch_end = static_cast<std::uint32_t>(touches_.size());
   log_.push_back(e);
-  prefix_.push_back(prefix_.back() + (launch.dur_ns > 0 ? launch.dur_ns : dur_of(launch.exec_id)));
+  prefix_.push_back(prefix_.back() + (launch.dur_ns > 0 ? launch.dur_ns : id.dur_ns > 0 ? id.dur_ns : p_.default_dur_ns));
   recent_[recent_count_++ % p_.context] = launch.exec_id;
   return n;
 }
@@ -222,7 +226,8 @@ std::uint32_t LearnedPolicy::append(const Launch& launch) {
 // Finds the log entry that the launch just appended as entry `n` repeats: the successor of
 // the last match when it has the same id, else the entry after the same `context` ids,
 // else the last entry with the same id. kNone when the id was never seen.
-std::uint32_t LearnedPolicy::locate(std::uint32_t n, std::uint64_t exec_id) {
+std::uint32_t LearnedPolicy::locate(std::uint32_t n, IdInfo& id) {
+  const std::uint64_t exec_id = log_[n].exec_id;
   std::uint32_t found = kNone;
   if (match_ != kNone && match_ < n && log_[match_].exec_id == exec_id) {
     found = match_;
@@ -238,14 +243,11 @@ std::uint32_t LearnedPolicy::locate(std::uint32_t n, std::uint64_t exec_id) {
       auto it = ctx_pos_.find(h);
       if (it != ctx_pos_.end() && log_[it->second].exec_id == exec_id) found = it->second;
     }
-    if (found == kNone) {
-      auto it = id_pos_.find(exec_id);
-      if (it != id_pos_.end()) found = it->second;
-    }
+    if (found == kNone) found = id.last;
     if (found != kNone) ++resyncs_;
   }
   if (full) ctx_pos_[h] = n;
-  id_pos_[exec_id] = n;
+  id.last = n;
   return found;
 }
 
@@ -258,7 +260,7 @@ void LearnedPolicy::compact() {
   old_touches.swap(touches_);
   chunks_.for_each_slot([](ChunkInfo& info) { info.last_touch = kNone; });
   ctx_pos_.clear();
-  id_pos_.clear();
+  for (auto& [exec_id, id] : ids_) id.last = kNone;
   prefix_.assign(1, 0);
   const std::uint64_t recent_saved = recent_count_, hits_saved = hits_, resyncs_saved = resyncs_;
   const std::uint32_t match_saved = match_;
@@ -274,13 +276,17 @@ void LearnedPolicy::compact() {
     Launch l;
     l.exec_id = e.exec_id;
     l.accesses = acc;
-    const std::uint32_t n = append(l);
-    locate(n, e.exec_id);
+    IdInfo* id = nullptr;
+    const std::uint32_t n = append(l, &id);
+    locate(n, *id);
     for (std::uint32_t t = log_[n].touch_begin, o = e.touch_begin; t < log_[n].touch_end && o < e.touch_end; ++t, ++o) {
       touches_[t].fresh = old_touches[o].fresh;
     }
   }
   replaying_ = false;
+  // Ids of the forgotten half alone go with it (their durations too: a program whose ids do
+  // not recur, e.g. decoding into new addresses, would otherwise grow the table forever).
+  std::erase_if(ids_, [](const auto& kv) { return kv.second.last == kNone; });
   recent_count_ = recent_saved;
   recent_ = recent_saved_ids;
   hits_ = hits_saved;
@@ -317,8 +323,9 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   prev_dur_ = launch.dur_ns > 0 ? launch.dur_ns : dur_of(launch.exec_id);
   stamp_ += 4;
   if (log_.size() >= p_.max_log) compact();
-  const std::uint32_t n = append(launch);
-  const std::uint32_t found = locate(n, launch.exec_id);
+  IdInfo* id = nullptr;
+  const std::uint32_t n = append(launch, &id);
+  const std::uint32_t found = locate(n, *id);
   const bool in_step = found != kNone && found == match_ && anchor_ != kNone;
   anchor_ = found;
   match_ = found == kNone ? kNone : found + 1;

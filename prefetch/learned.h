@@ -87,8 +87,9 @@ struct LearnedParams {
   // that waits little has link time to spare for prefetching far ahead. 1/2: waiting for
   // data more than computing.
   double max_waiting = 0.5;
-  // History kept, in launches; beyond it the older half is forgotten (memory bound). 2^20
-  // launches hold hundreds of training steps of the largest traces we know.
+  // History kept, in launches; beyond it the older half is forgotten (memory bound), with
+  // the execution ids only that half held. 2^20 launches hold hundreds of training steps of
+  // the largest traces we know.
   std::uint32_t max_log = 1u << 20;
 };
 
@@ -111,6 +112,7 @@ class LearnedPolicy final : public Policy {
   std::uint64_t scanned() const { return scanned_; }  // predicted launches examined by the lookahead
   std::uint64_t signature_predictions() const { return sig_predicted_; }  // next uses predicted by signature
   std::uint64_t budget_chunks() const { return budget_chunks_; }
+  std::size_t known_ids() const { return ids_.size(); }  // execution ids in the history's tables
 
  private:
   static constexpr std::uint32_t kNone = UINT32_MAX;
@@ -156,10 +158,17 @@ class LearnedPolicy final : public Policy {
     double reuse = 0;   // EWMA of reuse distances, launches (0: none seen)
     double dead = 0;    // EWMA of "freed before the next touch" (0..1)
   };
+  // Per execution id in the history (one look-up per launch for all three). Ids that only
+  // the forgotten half of the log held are dropped with it (compact()).
+  struct IdInfo {
+    std::uint32_t last = kNone;  // its last entry in log_
+    std::uint64_t dur_ns = 0;    // learned duration (EWMA), 0: never timed
+    std::uint64_t name_hash = 0; // hash of its kernel's name (an id implies the name)
+  };
   enum Mark : std::uint64_t { kCurrent = 1, kPlanned = 2, kKept = 3 };  // mark = stamp_ + kind
 
-  std::uint32_t append(const Launch& launch);
-  std::uint32_t locate(std::uint32_t n, std::uint64_t exec_id);
+  std::uint32_t append(const Launch& launch, IdInfo** id);
+  std::uint32_t locate(std::uint32_t n, IdInfo& id);
   void compact();
   void set_next_use(ChunkIndex c, ChunkInfo& info, std::uint64_t nu);
   std::uint32_t signature(std::uint64_t name_hash, std::uint32_t position);
@@ -177,8 +186,7 @@ class LearnedPolicy final : public Policy {
   // address is stable (Touch::info, RankedSet).
   ChunkPages<ChunkInfo, 9> chunks_;
   std::unordered_map<std::uint64_t, std::uint32_t> ctx_pos_;   // hash of last `context` ids -> entry
-  std::unordered_map<std::uint64_t, std::uint32_t> id_pos_;    // exec id -> its last entry
-  std::unordered_map<std::uint64_t, std::uint64_t> dur_;       // exec id -> learned duration (EWMA)
+  std::unordered_map<std::uint64_t, IdInfo> ids_;  // exec id -> what is known of it
   std::unordered_map<std::uint64_t, std::uint32_t> sig_index_; // signature hash -> index in sigs_
   std::vector<SigInfo> sigs_;
   std::uint64_t sig_predicted_ = 0;                            // unmatched touches ranked by signature

@@ -442,5 +442,31 @@ TEST(LearnedTest, BoundedHistoryStillLearns) {
   EXPECT_GT(prefetches, static_cast<std::size_t>(blocks * (cycles - 3) / 2));
 }
 
+// What the policy keeps per execution id is bounded with the history: ids that recur no
+// more (a program whose launches never repeat an id, as decoding into new addresses does)
+// leave with the half of the log that held them.
+TEST(LearnedTest, IdsThatDoNotRecurAreForgottenWithTheHistory) {
+  struct NoActions final : Actions {
+    void prefetch(std::uint64_t, std::uint64_t, Location) override {}
+    void advise(std::uint64_t, std::uint64_t, Advice, Location) override {}
+  } none;
+  LearnedParams lp;
+  lp.max_log = 64;
+  LearnedPolicy policy(lp);
+  const Access a[1] = {{1ull << 40, kChunkBytes, false}};
+  for (std::uint64_t s = 0; s < 10'000; ++s) {
+    Launch l;
+    l.seq = s;
+    l.name = "k";
+    l.exec_id = 1'000'000 + s;  // never the same twice
+    l.accesses = a;
+    l.dur_ns = 10'000;
+    l.now_ns = (s + 1) * 10'000;
+    policy.on_launch(l, none);
+    ASSERT_LE(policy.known_ids(), lp.max_log) << "launch " << s;
+  }
+  EXPECT_GE(policy.known_ids(), lp.max_log / 2);
+}
+
 }  // namespace
 }  // namespace spillway::sim
