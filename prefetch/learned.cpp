@@ -56,11 +56,12 @@ void LearnedPolicy::on_free(const Block& block, Actions&) {
 
 // ---- signatures: what follows a touch by (kernel, argument position) ----
 
-std::uint32_t LearnedPolicy::signature(std::uint64_t name_hash, std::uint32_t position) {
-  std::uint64_t h = mix(name_hash, position);
-  auto [it, added] = sig_index_.try_emplace(h, static_cast<std::uint32_t>(sigs_.size()));
-  if (added) sigs_.emplace_back();
-  return it->second;
+std::uint32_t LearnedPolicy::signature(std::vector<std::uint32_t>& by_position, std::uint32_t position) {
+  while (by_position.size() <= position) {
+    by_position.push_back(static_cast<std::uint32_t>(sigs_.size()));
+    sigs_.emplace_back();
+  }
+  return by_position[position];
 }
 
 void LearnedPolicy::observe(std::uint32_t sig, bool dead, std::uint64_t distance) {
@@ -74,7 +75,7 @@ void LearnedPolicy::observe(std::uint32_t sig, bool dead, std::uint64_t distance
 
 // ---- ranking by predicted next use ----
 
-void LearnedPolicy::set_next_use(ChunkIndex c, ChunkInfo& info, std::uint64_t nu) {
+void LearnedPolicy::set_next_use(ChunkInfo& info, std::uint64_t nu) {
   if (info.nu == nu) return;
   if (info.resident) {
     // Re-keys the node in place: no search for it, no allocation.
@@ -149,12 +150,11 @@ void LearnedPolicy::refresh_stale() {
   // was wrong. What usually follows their last touch (its signature) decides whether they are
   // still wanted; the others keep next use 0 (evicted first, and not looked at again).
   for (auto it = resident_.lower_bound({1, 0}); it != resident_.end() && it->first.first < seq_;) {
-    const ChunkIndex c = it->first.second;
     ChunkInfo& info = *it->second;
     ++it;
     const std::uint64_t g = guess_next_use(info);
     prefetch_outcome(info, false);  // fetched for a launch that did not come
-    set_next_use(c, info, g > seq_ ? g : 0);
+    set_next_use(info, g > seq_ ? g : 0);
   }
 }
 
@@ -180,21 +180,19 @@ std::uint64_t LearnedPolicy::dur_of(std::uint64_t exec_id) const {
 }
 
 std::uint32_t LearnedPolicy::append(const Launch& launch, IdInfo** id_out) {
-  auto [it, added] = ids_.try_emplace(launch.exec_id);
-  IdInfo& id = it->second;
+  IdInfo& id = ids_[launch.exec_id];
   *id_out = &id;
   if (launch.dur_ns > 0) {
     // EWMA, weight 1/4 to the newest sample
     id.dur_ns = id.dur_ns == 0 ? launch.dur_ns : (3 * id.dur_ns + launch.dur_ns) / 4;
   }
-  if (added && !replaying_) id.name_hash = std::hash<std::string_view>{}(launch.name);
+  if (id.sigs == nullptr && !replaying_) id.sigs = &names_[std::hash<std::string_view>{}(launch.name)];
   const std::uint32_t n = static_cast<std::uint32_t>(log_.size());
   Entry e{launch.exec_id, static_cast<std::uint32_t>(touches_.size()), 0};
   std::uint32_t position = 0;
-  const std::uint64_t name_hash = id.name_hash;
   touched_.clear();
   for (const Access& a : launch.accesses) {
-    const std::uint32_t sig = replaying_ ? kNone : signature(name_hash, position++);
+    const std::uint32_t sig = replaying_ || id.sigs == nullptr ? kNone : signature(*id.sigs, position++);
     if (a.bytes == 0) continue;
     for (ChunkIndex c = chunk_of(a.addr), last = chunk_of(a.addr + a.bytes - 1); c <= last; ++c) {
       ChunkInfo& info = chunks_[c];
@@ -362,7 +360,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     }
     info.mark = stamp_ + kCurrent;
     prefetch_outcome(info, info.nu >= seq_);  // used by the launch it was fetched for
-    set_next_use(c, info, nu);
+    set_next_use(info, nu);
     if (nu < kFar) floor = std::max(floor, nu);
     if (!info.resident) missing_.push_back(Missing{c, &info, zip});
   }
@@ -493,7 +491,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         // Needed at s: not a victim for anything later; its rank is updated after the scan
         // (the victim iterators walk resident_).
         info.mark = stamp_ + kKept;
-        if (info.nu > s || info.nu < seq_) deferred_.emplace_back(c, s);
+        if (info.nu > s || info.nu < seq_) deferred_.emplace_back(&info, s);
         continue;
       }
       if (free <= 0 && link_bound) {
@@ -510,7 +508,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         stop = true;
         break;
       }
-      set_next_use(c, info, s);
+      set_next_use(info, s);
       info.mark = stamp_ + kPlanned;
       actions.prefetch(c * kChunkBytes + info.addr_offset, 1, Location::gpu);
       info.pf_age = age;

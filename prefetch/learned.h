@@ -113,13 +113,21 @@ class LearnedPolicy final : public Policy {
   std::uint64_t signature_predictions() const { return sig_predicted_; }  // next uses predicted by signature
   std::uint64_t budget_chunks() const { return budget_chunks_; }
   std::size_t known_ids() const { return ids_.size(); }  // execution ids in the history's tables
+  std::uint64_t lookahead_end() const { return ahead_; }  // predicted launches up to this seq have been planned for
+  // The launch seq at which `chunk` is predicted to be used next (the rank of a resident
+  // chunk; 0: a prediction that passed unused; kNoPrediction: none).
+  static constexpr std::uint64_t kNoPrediction = UINT64_MAX / 4;
+  std::uint64_t next_use(ChunkIndex chunk) const {
+    const ChunkInfo* info = chunks_.find(chunk);
+    return info == nullptr ? kNoPrediction : info->nu;
+  }
 
  private:
   static constexpr std::uint32_t kNone = UINT32_MAX;
   struct ChunkInfo;
   // Resident chunks by (predicted next use, chunk), each with its record.
   using RankedSet = std::map<std::pair<std::uint64_t, ChunkIndex>, ChunkInfo*>;
-  static constexpr std::uint64_t kFar = UINT64_MAX / 4;  // "no predicted use"
+  static constexpr std::uint64_t kFar = kNoPrediction;  // "no predicted use"
   static constexpr std::uint8_t kNoAge = 255;
   struct ChunkInfo;
   struct Touch {
@@ -158,20 +166,21 @@ class LearnedPolicy final : public Policy {
     double reuse = 0;   // EWMA of reuse distances, launches (0: none seen)
     double dead = 0;    // EWMA of "freed before the next touch" (0..1)
   };
-  // Per execution id in the history (one look-up per launch for all three). Ids that only
-  // the forgotten half of the log held are dropped with it (compact()).
+  // Per execution id in the history: one look-up per launch for all of it, and none for its
+  // signatures. Ids that only the forgotten half of the log held are dropped with it
+  // (compact()).
   struct IdInfo {
     std::uint32_t last = kNone;  // its last entry in log_
     std::uint64_t dur_ns = 0;    // learned duration (EWMA), 0: never timed
-    std::uint64_t name_hash = 0; // hash of its kernel's name (an id implies the name)
+    std::vector<std::uint32_t>* sigs = nullptr;  // its kernel's signatures by argument position (in names_)
   };
   enum Mark : std::uint64_t { kCurrent = 1, kPlanned = 2, kKept = 3 };  // mark = stamp_ + kind
 
   std::uint32_t append(const Launch& launch, IdInfo** id);
   std::uint32_t locate(std::uint32_t n, IdInfo& id);
   void compact();
-  void set_next_use(ChunkIndex c, ChunkInfo& info, std::uint64_t nu);
-  std::uint32_t signature(std::uint64_t name_hash, std::uint32_t position);
+  void set_next_use(ChunkInfo& info, std::uint64_t nu);
+  std::uint32_t signature(std::vector<std::uint32_t>& by_position, std::uint32_t position);
   std::uint64_t guess_next_use(const ChunkInfo& info) const;
   void refresh_stale();
   void observe(std::uint32_t sig, bool dead, std::uint64_t distance);
@@ -187,7 +196,9 @@ class LearnedPolicy final : public Policy {
   ChunkPages<ChunkInfo, 9> chunks_;
   std::unordered_map<std::uint64_t, std::uint32_t> ctx_pos_;   // hash of last `context` ids -> entry
   std::unordered_map<std::uint64_t, IdInfo> ids_;  // exec id -> what is known of it
-  std::unordered_map<std::uint64_t, std::uint32_t> sig_index_; // signature hash -> index in sigs_
+  // Hash of a kernel name -> its signatures by argument position (indices in sigs_). An
+  // execution id implies the name, so the name is hashed once per id.
+  std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> names_;
   std::vector<SigInfo> sigs_;
   std::uint64_t sig_predicted_ = 0;                            // unmatched touches ranked by signature
   std::vector<std::uint64_t> recent_;                          // last `context` exec ids (ring)
@@ -218,7 +229,7 @@ class LearnedPolicy final : public Policy {
   RankedSet::key_type hint_{};
   bool hint_valid_ = false;
   std::uint64_t stamp_ = 0;  // advances by 4 per launch (ChunkInfo::mark)
-  std::vector<std::pair<ChunkIndex, std::uint64_t>> deferred_;  // next-use updates of resident chunks
+  std::vector<std::pair<ChunkInfo*, std::uint64_t>> deferred_;  // next-use updates of resident chunks, made after the walk
   std::uint64_t hits_ = 0, resyncs_ = 0, scanned_ = 0, remote_ = 0;
   struct Missing {
     ChunkIndex chunk;

@@ -242,8 +242,10 @@ TEST(LearnedTest, DecodeLoopWithSharedActivationsStaysNearMinOnABusyLink) {
   struct Layer { std::uint64_t qkv, proj, m1, m2, kv; };
   std::vector<Layer> w(layers);
   for (Layer& l : w) {
-    b.alloc(l.qkv = id++, 3 * kChunkBytes).alloc(l.proj = id++, kChunkBytes).alloc(l.m1 = id++, 2 * kChunkBytes);
-    b.alloc(l.m2 = id++, 2 * kChunkBytes).alloc(l.kv = id++, kChunkBytes);
+    l = Layer{id, id + 1, id + 2, id + 3, id + 4};
+    id += 5;
+    b.alloc(l.qkv, 3 * kChunkBytes).alloc(l.proj, kChunkBytes).alloc(l.m1, 2 * kChunkBytes);
+    b.alloc(l.m2, 2 * kChunkBytes).alloc(l.kv, kChunkBytes);
   }
   for (int step = 0; step < 16; ++step) {
     for (const Layer& l : w) {
