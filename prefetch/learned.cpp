@@ -529,6 +529,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     walked_.emplace_back(s, post_max);
   }
   ahead_ = s - 1;
+  for (const auto& [info, nu] : deferred_) set_next_use(*info, nu);
 }
 
 }  // namespace spillway
