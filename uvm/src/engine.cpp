@@ -365,21 +365,23 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
   };
   // A chunk the Policy leaves where it is (it advised remote access for it) is not fetched.
   // When one of an access's chunks finds no room, the rest of that access is not tried.
+  // The chunk's block is looked up here, once: its moves, in and later out, then need no
+  // look-up to be clipped to it.
+  const AllocationTable::Reader table(table_);  // (no allocation, free or driver call below)
   std::size_t failed = SIZE_MAX;
   for (const auto& [c, access] : missing) {
     if (access == failed) continue;
     // (touch_pin: a chunk may appear twice)
     if (!r.touch_pin(c, hold)) {
       if (policy_->leave_remote(c)) continue;
-      if (!fetch(c, nullptr, hold)) {
+      const std::optional<Block> b = table.find(std::max(launch.accesses[access].addr, c * kChunkBytes));
+      if (!fetch(c, b ? &*b : nullptr, hold)) {
         failed = access;
         continue;
       }
     }
     if (hold) held->push_back(c);
   }
-  if (actions.list.empty()) return;
-  const AllocationTable::Reader table(table_);  // (no allocation, free or driver call below)
   for (const Action& a : actions.list) {
     if (a.kind != Action::Kind::prefetch || a.where != Location::gpu) continue;
     std::optional<Block> b = table.find(a.addr);
@@ -396,13 +398,14 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
     count_action(a, send(backend_, a, device_));
   }
   // Runs of adjacent chunks moving the same way become one Backend call, clipped to the
-  // block that holds them.
+  // block that holds them. A run is cut where the block its moves know changes (it would be
+  // cut there anyway), so that a run whose block is known needs no table look-up.
   std::size_t i = 0;
   while (i < moves.size()) {
     std::size_t j = i + 1;
-    bool one_block = moves[i].end > moves[i].base;  // every move of the run knows the same block
-    while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk == moves[j - 1].chunk + 1) {
-      one_block = one_block && moves[j].base == moves[i].base && moves[j].end == moves[i].end;
+    const bool one_block = moves[i].end > moves[i].base;  // every move of the run knows the same block
+    while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk == moves[j - 1].chunk + 1 &&
+           (one_block ? moves[j].base == moves[i].base && moves[j].end == moves[i].end : moves[j].end <= moves[j].base)) {
       ++j;
     }
     // Split the run at block boundaries: one Backend call per (run, block) piece. A run that
