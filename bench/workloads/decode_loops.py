@@ -66,18 +66,23 @@ def weights_only(layer_count, layer_mib, kernel_ns, steps=12):
     return events
 
 
-def main():
+def write_traces(usage, traces):
+    """Writes {file name: events} as JSON lines into the directory named by the one argument."""
     if len(sys.argv) != 2:
-        sys.exit("usage: decode_loops.py DIR")
+        sys.exit(usage)
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
-    traces = {f"layers-24-{ns}.jsonl": layers(24, ns) for ns in (5000, 20000, 50000, 200000, 1000000)}
-    for count, mib, ns in ((32, 64, 50000), (32, 64, 500000), (24, 128, 200000), (32, 16, 20000)):
-        traces[f"weights-{count}-{mib}-{ns}.jsonl"] = weights_only(count, mib, ns)
     for name, events in traces.items():
         with open(os.path.join(out, name), "w") as f:
             f.writelines(json.dumps(e) + "\n" for e in events)
     print(f"{len(traces)} traces in {out}")
+
+
+def main():
+    traces = {f"layers-24-{ns}.jsonl": layers(24, ns) for ns in (5000, 20000, 50000, 200000, 1000000)}
+    for count, mib, ns in ((32, 64, 50000), (32, 64, 500000), (24, 128, 200000), (32, 16, 20000)):
+        traces[f"weights-{count}-{mib}-{ns}.jsonl"] = weights_only(count, mib, ns)
+    write_traces("usage: decode_loops.py DIR", traces)
 
 
 if __name__ == "__main__":

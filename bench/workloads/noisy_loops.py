@@ -10,10 +10,9 @@ kernels. 12 seeds x 2 shares = 24 traces, written into DIR.
   python3 bench/workloads/noisy_loops.py DIR
   build/bin/spillway sweep DIR/*.jsonl --policy learned --capacity 0.8,0.6,0.4 --link pcie3
 """
-import json
-import os
 import random
-import sys
+
+from decode_loops import write_traces
 
 CHUNK = 2 << 20
 
@@ -35,17 +34,8 @@ def noisy_loop(seed, extra_share, blocks=48, kernels=32, steps=12, kernel_ns=50_
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: noisy_loops.py DIR")
-    out = sys.argv[1]
-    os.makedirs(out, exist_ok=True)
-    count = 0
-    for seed in range(1, 13):
-        for share in (0.1, 0.3):
-            with open(os.path.join(out, f"noisy-{seed}-{share}.jsonl"), "w") as f:
-                f.writelines(json.dumps(e) + "\n" for e in noisy_loop(seed, share))
-            count += 1
-    print(f"{count} traces in {out}")
+    traces = {f"noisy-{seed}-{share}.jsonl": noisy_loop(seed, share) for seed in range(1, 13) for share in (0.1, 0.3)}
+    write_traces("usage: noisy_loops.py DIR", traces)
 
 
 if __name__ == "__main__":
