@@ -32,9 +32,10 @@ class ChunkPages {
   }
   // The page holding `chunk`, allocated if there was none.
   Page& page_or_add(std::uint64_t chunk) {
-    std::unique_ptr<Page>& p = pages_[chunk >> PageBits];
-    if (p == nullptr) p = std::make_unique<Page>();
-    return *p;
+    auto it = pages_.find(chunk >> PageBits);
+    if (it != pages_.end()) return *it->second;
+    auto page = std::make_unique<Page>();  // (first: if it throws, the map is unchanged)
+    return *pages_.emplace(chunk >> PageBits, std::move(page)).first->second;
   }
   // The slot of `chunk`, or nullptr when no page holds it.
   T* find(std::uint64_t chunk) const {
