@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -235,6 +237,82 @@ TEST(EngineLaunch, FreeDropsTheBlocksChunksFromThePlan) {
   auto& ev = static_cast<PlanOnly*>(f.policy)->events;
   EXPECT_EQ(ev, (std::vector<std::string>{"+" + std::to_string(chunk_of(a)), "+" + std::to_string(chunk_of(a) + 1),
                                           "-" + std::to_string(chunk_of(a)), "-" + std::to_string(chunk_of(a) + 1)}));
+}
+
+// A Backend that knows which blocks the driver holds, records every prefetch of a range
+// outside them, and can run "another thread" inside free_managed or inside a prefetch.
+class LiveBlocksBackend final : public test_support::InstantBackend {
+ public:
+  explicit LiveBlocksBackend(std::uint64_t gpu_bytes) : InstantBackend(gpu_bytes) {}
+  Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
+    InstantBackend::allocate_managed(bytes, addr);
+    live[*addr] = *addr + bytes;
+    return {};
+  }
+  Result free_managed(std::uint64_t addr) override {
+    live.erase(addr);
+    run(in_free);
+    return {};
+  }
+  Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) override {
+    bool inside = false;
+    for (const auto& [base, end] : live) inside = inside || (base <= addr && addr + bytes <= end);
+    if (!inside) dead.push_back({addr, bytes, to});
+    run(in_prefetch);
+    return {};
+  }
+  static void run(std::function<void()>& once) {
+    if (!once) return;
+    auto f = std::move(once);
+    once = nullptr;
+    f();
+  }
+  std::map<std::uint64_t, std::uint64_t> live;  // base -> end
+  std::vector<Call> dead;
+  std::function<void()> in_free, in_prefetch;
+};
+
+// A block may be freed while another thread plans or carries out a launch: between the
+// block leaving the allocation table and its chunks leaving the plan, or between a plan and
+// its moves. No move may reach the driver for the freed block's range (a refused call, or
+// the pages of whatever the driver puts there next).
+TEST(EngineLaunch, NoMoveReachesTheDriverForABlockFreedMeanwhile) {
+  auto launch = [](Engine& engine, std::uint64_t& seq, std::vector<Access> acc) {
+    Launch l;
+    l.seq = seq++;
+    l.name = "k";
+    l.accesses = acc;
+    engine.launch(l);
+  };
+  {  // planned while the free is under way: x is out of the table, still in the plan
+    LiveBlocksBackend backend(2 * kChunkBytes);
+    Engine engine(Config{}, backend, std::make_unique<PlanOnly>());
+    std::uint64_t x = 0, y = 0, z = 0, seq = 0;
+    for (std::uint64_t* b : {&x, &y, &z}) ASSERT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, b).ok());
+    launch(engine, seq, {{x, kChunkBytes, false}});
+    launch(engine, seq, {{y, kChunkBytes, false}});
+    backend.in_free = [&] { launch(engine, seq, {{z, kChunkBytes, false}}); };  // evicts x's chunk
+    bool ours = false;
+    ASSERT_TRUE(engine.release(x, std::nullopt, &ours).ok());
+    EXPECT_EQ(seq, 3u);
+    for (const Call& call : backend.dead) ADD_FAILURE() << "moved freed " << std::hex << call.addr << " +" << call.bytes;
+  }
+  {  // freed between the plan and its moves: y's eviction is planned, then y is freed
+    LiveBlocksBackend backend(2 * kChunkBytes);
+    Engine engine(Config{}, backend, std::make_unique<PlanOnly>());
+    std::uint64_t x = 0, y = 0, z = 0, w = 0, seq = 0;
+    for (std::uint64_t* b : {&x, &y, &z, &w}) ASSERT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, b).ok());
+    launch(engine, seq, {{x, kChunkBytes, false}});
+    launch(engine, seq, {{y, kChunkBytes, false}});
+    bool freed = false;
+    backend.in_prefetch = [&] {
+      bool ours = false;
+      freed = engine.release(y, std::nullopt, &ours).ok() && ours;
+    };
+    launch(engine, seq, {{z, kChunkBytes, false}, {w, kChunkBytes, false}});  // evicts x, then y
+    EXPECT_TRUE(freed);
+    for (const Call& call : backend.dead) ADD_FAILURE() << "moved freed " << std::hex << call.addr << " +" << call.bytes;
+  }
 }
 
 TEST(EngineLaunch, DemandPolicyMovesNothing) {

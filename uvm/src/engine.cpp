@@ -392,7 +392,15 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
   }
 }
 
-void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned) {
+std::uint64_t Engine::frees_at_plan() const {
+  // (done first: equal counts then mean no free was between its two steps at the second load)
+  const std::uint64_t done = frees_done_.load();
+  const std::uint64_t started = frees_started_.load();
+  return started == done ? started : kFreeInProgress;
+}
+
+void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned,
+                       std::uint64_t frees_at_plan) {
   for (const Action& a : actions.list) {
     if (planned && a.kind == Action::Kind::prefetch) continue;  // went through the plan
     count_action(a, send(backend_, a, device_));
@@ -412,7 +420,7 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
     // one known block covers wholly is one piece: no table look-up.
     std::uint64_t addr = moves[i].chunk * kChunkBytes;
     const std::uint64_t end = (moves[j - 1].chunk + 1) * kChunkBytes;
-    if (one_block && moves[i].base <= addr && moves[i].end >= end) {
+    if (one_block && moves[i].base <= addr && moves[i].end >= end && frees_started_.load() == frees_at_plan) {
       Result r = backend_.prefetch(addr, end - addr, moves[i].to, device_);
       std::lock_guard lock(mutex_);
       if (!r.ok()) ++counters_.backend_errors;
@@ -464,7 +472,7 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
     moves.reserve(16);
   }
   bool planned = false;
-  std::uint64_t epoch = 0, turn = 0;
+  std::uint64_t epoch = 0, turn = 0, frees = kFreeInProgress;
   {
     std::lock_guard lock(mutex_);
     ++counters_.launches;
@@ -473,6 +481,7 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
     planned = policy_->manages_residency();
     if (planned) {
       std::vector<ChunkIndex> held;  // the launch's resident chunks, held while it is in flight
+      frees = frees_at_plan();
       plan_launch(launch, actions, moves, in_flight ? &held : nullptr);
       turn = plans_made_++;
       if (in_flight) {
@@ -486,7 +495,7 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
     return epoch;
   }
   wait_for_turn(turn);
-  carry_out(actions, moves, planned);
+  carry_out(actions, moves, planned, frees);
   // This plan is carried out: the next may go (never moving the count back after a timeout).
   for (std::uint64_t done = plans_carried_.load(std::memory_order_relaxed);
        done < turn + 1 && !plans_carried_.compare_exchange_weak(done, turn + 1, std::memory_order_release);) {
@@ -537,6 +546,14 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   std::optional<Block> block = table_.erase(addr);
   *ours = block.has_value();
   if (!block) return Result{};
+  // From here until the block's chunks have left the plan, a plan may still move them: such
+  // plans check their blocks in the table when carried out (frees_at_plan). (One carried out
+  // before this count moves, moves them before the driver frees the block: no harm.)
+  frees_started_.fetch_add(1);
+  struct Done {
+    std::atomic<std::uint64_t>& done;
+    ~Done() { done.fetch_add(1); }
+  } done{frees_done_};
   if (!stream) {
     Result r = backend_.free_managed(addr);
     if (!r.ok()) {

@@ -179,7 +179,7 @@ class Engine {
     Location to;
     // The live block the plan moved the chunk for, when it knew it ([base, end); both 0 when
     // unknown): a run of moves that this block covers wholly needs no allocation-table
-    // look-up in carry_out().
+    // look-up in carry_out(), unless a block may have been freed since (frees_started_).
     std::uint64_t base = 0, end = 0;
   };
   // With `held`, the launch is in flight: the resident chunks of its footprint are held and
@@ -192,7 +192,13 @@ class Engine {
   bool make_room(std::vector<Move>& moves);
   // Takes resident chunk `c` out of the plan and queues its move to the host.
   void plan_eviction(ChunkIndex c, std::vector<Move>& moves);
-  void carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned);
+  // `frees_at_plan`: frees_started_ when the plan was made, if no free was in progress then;
+  // kFreeInProgress otherwise. Moves whose recorded block may have been freed since are
+  // clipped to the blocks the table holds when they are carried out.
+  static constexpr std::uint64_t kFreeInProgress = ~0ull;
+  void carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned,
+                 std::uint64_t frees_at_plan = kFreeInProgress);
+  std::uint64_t frees_at_plan() const;  // for carry_out(); with mutex_ held
 
   bool reserve(std::uint64_t bytes);
   void unreserve(std::uint64_t bytes);
@@ -218,6 +224,11 @@ class Engine {
   std::atomic<bool> has_pending_{false};
   std::uint64_t plans_made_ = 0;                 // residency plans made; guarded by mutex_
   std::atomic<std::uint64_t> plans_carried_{0};  // plans carried out, in order (wait_for_turn)
+  // Frees of tracked blocks started (before the block leaves the table) and done (after its
+  // chunks left the plan): a plan made while they differ, or carried out after another free
+  // started, may hold moves of a freed block's chunks.
+  std::atomic<std::uint64_t> frees_started_{0};
+  std::atomic<std::uint64_t> frees_done_{0};
   std::atomic<std::uint64_t> lo_{~0ull};
   std::atomic<std::uint64_t> hi_{0};
   std::atomic<EngineObserver*> observer_{nullptr};
