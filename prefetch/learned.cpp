@@ -32,7 +32,7 @@ void LearnedPolicy::on_alloc(const Block& block, Actions&) {
     ChunkInfo& i = chunks_[c];
     i.allocated = true;
     i.advised = false;  // a new block: no advice on it
-    if (i.blocks++ == 0) {
+    if (i.blocks++ == 0 || i.end_offset == 0) {
       // Offsets from the chunk's start: [addr_offset, end_offset) is within [0, 2 MiB].
       const std::uint64_t lo = c * kChunkBytes;
       i.addr_offset = static_cast<std::uint32_t>(std::max<std::uint64_t>(block.base, lo) - lo);
@@ -48,6 +48,13 @@ void LearnedPolicy::on_free(const Block& block, Actions&) {
     if (record == nullptr) continue;
     ChunkInfo& i = *record;
     if (i.blocks > 0) --i.blocks;
+    // The address kept for the chunk was in this block: none is known until the next
+    // allocation there (another live block may remain; its range is not known here).
+    const std::uint64_t lo = c * kChunkBytes;
+    if (i.end_offset != 0 && block.base <= lo + i.addr_offset && lo + i.end_offset <= block.end()) {
+      i.addr_offset = i.end_offset = 0;
+      i.advised = false;
+    }
     // The data its last touch left is dead: that touch's signature learns so.
     if (i.sig != kNone) observe(i.sig, true, 0);
     i.sig = kNone;
@@ -429,7 +436,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     if (free > 0) {
       --free;
     } else if (!take_victim(info.nu)) {
-      if (m.predicted && link_bound && info.blocks > 0) {
+      if (m.predicted && link_bound && info.blocks > 0 && info.end_offset != 0) {
         info.remote = stamp_;
         prev_remote_ = true;
         ++remote_;
@@ -486,7 +493,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         info.mark = stamp_ + kKept;
         continue;
       }
-      if (info.blocks == 0) continue;  // no live block there now
+      if (info.blocks == 0 || info.end_offset == 0) continue;  // no live block there now, or none whose address is known
       if (info.resident) {
         // Needed at s: not a victim for anything later; its rank is updated after the scan
         // (the victim iterators walk resident_).

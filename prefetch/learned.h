@@ -146,7 +146,7 @@ class LearnedPolicy final : public Policy {
     std::uint32_t last_touch = kNone;  // index in touches_ of its last touch
     std::uint32_t blocks = 0;          // live blocks on it
     std::uint32_t addr_offset = 0;     // an address inside one of them, from the chunk's start (for Actions::prefetch)
-    std::uint32_t end_offset = 0;      // end of that block's part of the chunk, same origin (for Actions::advise)
+    std::uint32_t end_offset = 0;      // end of that block's part of the chunk, same origin (for Actions::advise); 0: none known
     std::uint32_t sig = kNone;         // signature of its last touch (index in sigs_), kNone: none since allocated
     bool allocated = false;            // a block was allocated on it since its last touch
     bool advised = false;              // remote-access advice set on the live block here

@@ -3,8 +3,10 @@
 // pattern against `demand`, and the proof that it never sees the future.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -355,62 +357,80 @@ void expect_prefix_decisions_equal(const trace::Trace& full, std::size_t cut, co
 
 // In the shim, blocks need not start or end on a chunk boundary (the driver packs small
 // managed allocations; the records keep offsets from the chunk's start). Every address
-// `learned` prefetches, and every range it advises, lies inside a live block and within one
-// chunk (what the policy asks, before the Engine merges it into ranges per block). Blocks of 2.5 MiB start 768 KiB into a chunk, so each covers the end of one chunk
-// and the start of the next. A loop over twice the GPU of 100 us kernels is prefetched while
-// the launches keep time; once 1 ms passes between them, it is link-bound and some of the
-// loop is left remote (advised).
+// `learned` prefetches, and every range it advises, lies inside a block live at the time and
+// within one chunk (what the policy asks, before the Engine merges it into ranges per
+// block). Block A_i (2.5 MiB) starts 768 KiB into chunk 2i and ends 1.25 MiB into chunk
+// 2i+1, which it shares with a 512 KiB block B_i. A loop over twice the GPU of 100 us
+// kernels is prefetched while the launches keep time; once 1 ms passes between them, it is
+// link-bound and some of the loop is left remote (advised). Then every A_i is freed and the
+// loop reads the B_i alone: the address the records kept for the shared chunks was A_i's.
 TEST(LearnedTest, PrefetchesAndAdviceStayInsideLiveBlocksOffChunkBoundaries) {
   struct Offset final : spillway::test_support::InstantBackend {
     using InstantBackend::InstantBackend;
     std::uint64_t next = 1ull << 40;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> blocks;  // [base, end)
     Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
-      *addr = next + 768 * 1024;
-      blocks.emplace_back(*addr, *addr + bytes);
-      next += 2 * kChunkBytes;
+      if (bytes > kChunkBytes) {  // A_i
+        *addr = next + 768 * 1024;
+      } else {  // B_i, after A_i's end in A_i's second chunk
+        *addr = next + kChunkBytes + 5 * kChunkBytes / 8;
+        next += 2 * kChunkBytes;
+      }
       return {};
     }
   };
   const int n = 16;
-  const std::uint64_t bytes = 5 * kChunkBytes / 4;
-  Offset backend(n * kChunkBytes);
+  const std::uint64_t a_bytes = 5 * kChunkBytes / 4, b_bytes = kChunkBytes / 4;
+  Offset backend(n / 2 * kChunkBytes);  // half the B_i: prefetching is needed in both phases
   Config config;
   config.log_level = LogLevel::error;
   std::vector<std::string> log;
   Engine engine(config, backend, std::make_unique<Logged>(log, LearnedParams{}));
-  std::vector<std::uint64_t> base(n);
-  for (int i = 0; i < n; ++i) ASSERT_TRUE(engine.allocate(bytes, AllocKind::alloc, 0, &base[i]).ok());
+  std::map<std::uint64_t, std::uint64_t> live;  // base -> end
+  std::vector<std::uint64_t> a(n), b(n);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(engine.allocate(a_bytes, AllocKind::alloc, 0, &a[i]).ok());
+    ASSERT_TRUE(engine.allocate(b_bytes, AllocKind::alloc, 0, &b[i]).ok());
+    live[a[i]] = a[i] + a_bytes;
+    live[b[i]] = b[i] + b_bytes;
+  }
+  auto inside_a_live_block_and_a_chunk = [&](std::uint64_t lo, std::uint64_t hi) {
+    if (hi <= lo || (hi - 1) / kChunkBytes != lo / kChunkBytes) return false;
+    auto it = live.upper_bound(lo);
+    return it != live.begin() && std::prev(it)->second >= hi;
+  };
+  std::size_t prefetches = 0, advice = 0, checked = 0;
+  auto check = [&] {  // the decisions logged since the last check
+    for (; checked < log.size(); ++checked) {
+      std::istringstream in(log[checked]);
+      std::string what;
+      std::uint64_t addr = 0, len = 0;
+      in >> what >> addr >> len;
+      if (what != "prefetch" && what != "advise") continue;
+      ++(what == "prefetch" ? prefetches : advice);
+      EXPECT_TRUE(inside_a_live_block_and_a_chunk(addr, addr + len)) << log[checked];
+    }
+  };
   std::uint64_t seq = 0, now = 0;
-  for (int cycle = 0; cycle < 12; ++cycle) {
+  for (int cycle = 0; cycle < 16; ++cycle) {
+    if (cycle == 10) {
+      for (int i = 0; i < n; ++i) {
+        bool ours = false;
+        ASSERT_TRUE(engine.release(a[i], std::nullopt, &ours).ok() && ours);
+        live.erase(a[i]);
+      }
+    }
     for (int i = 0; i < n; ++i) {
-      const Access a[1] = {{base[i], bytes, false}};
+      const Access both[2] = {{a[i], a_bytes, false}, {b[i], b_bytes, false}};
       Launch l;
       l.seq = seq++;
       l.name = "k";
-      l.exec_id = 1000 + static_cast<std::uint64_t>(i);
-      l.accesses = a;
+      l.exec_id = (cycle < 10 ? 1000 : 2000) + static_cast<std::uint64_t>(i);
+      l.accesses = cycle < 10 ? std::span<const Access>(both) : std::span<const Access>(both + 1, 1);
       l.dur_ns = 100'000;
-      l.now_ns = now += cycle < 4 ? 100'000 : 1'000'000;  // in time, then waiting for the link
+      l.now_ns = now += cycle < 4 || (cycle >= 10 && cycle < 12) ? 100'000 : 1'000'000;  // in time, then waiting for the link
       engine.launch(l);
+      check();
     }
-  }
-  auto inside_a_block_and_a_chunk = [&](std::pair<std::uint64_t, std::uint64_t> r) {
-    if (r.second <= r.first || (r.second - 1) / kChunkBytes != r.first / kChunkBytes) return false;
-    for (const auto& [lo, hi] : backend.blocks) {
-      if (lo <= r.first && r.second <= hi) return true;
-    }
-    return false;
-  };
-  std::size_t prefetches = 0, advice = 0;
-  for (const std::string& line : log) {
-    std::istringstream in(line);
-    std::string what;
-    std::uint64_t addr = 0, len = 0;
-    in >> what >> addr >> len;
-    if (what != "prefetch" && what != "advise") continue;
-    ++(what == "prefetch" ? prefetches : advice);
-    EXPECT_TRUE(inside_a_block_and_a_chunk({addr, addr + len})) << line;
   }
   EXPECT_GT(prefetches, 0u);
   EXPECT_GT(advice, 0u);
