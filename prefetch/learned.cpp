@@ -216,7 +216,7 @@ std::uint32_t LearnedPolicy::append(const Launch& launch, IdInfo** id_out) {
       }
       info.last_touch = t;
       const bool fresh = first || info.allocated;
-      info.allocated = false;
+      if (!replaying_) info.allocated = false;  // (a replay re-links old touches: what came since stays)
       touches_.push_back(Touch{c, &info, kNone, n, fresh});
       touched_.push_back(&info);
     }
