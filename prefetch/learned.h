@@ -129,7 +129,6 @@ class LearnedPolicy final : public Policy {
   using RankedSet = std::map<std::pair<std::uint64_t, ChunkIndex>, ChunkInfo*>;
   static constexpr std::uint64_t kFar = kNoPrediction;  // "no predicted use"
   static constexpr std::uint8_t kNoAge = 255;
-  struct ChunkInfo;
   struct Touch {
     ChunkIndex chunk;
     ChunkInfo* info;     // its record in chunks_ (records are never erased: the address is stable)
