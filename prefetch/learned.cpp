@@ -493,7 +493,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         info.mark = stamp_ + kKept;
         continue;
       }
-      if (info.blocks == 0 || info.end_offset == 0) continue;  // no live block there now, or none whose address is known
+      if (info.blocks == 0) continue;  // no live block there now
       if (info.resident) {
         // Needed at s: not a victim for anything later; its rank is updated after the scan
         // (the victim iterators walk resident_).
@@ -501,6 +501,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         if (info.nu > s || info.nu < seq_) deferred_.emplace_back(&info, s);
         continue;
       }
+      if (info.end_offset == 0) continue;  // no address of a live block known here to prefetch by
       if (free <= 0 && link_bound) {
         // Bypass: if after its use at s the chunk would be the furthest-needed one, moving
         // it in (and out again) costs the busy link more than reading it remotely at s.
