@@ -528,72 +528,68 @@ TEST(LearnedTest, AResidentChunkNeededAheadIsRankedByThatNeed) {
   for (const std::string& w : wrong) ADD_FAILURE() << w;
 }
 
+// A LearnedPolicy driven directly, without an Engine (its requests go nowhere): launches
+// of one 2 MiB access, 10 us apart.
+struct DirectPolicy {
+  explicit DirectPolicy(std::uint32_t max_log) : policy([&] {
+    LearnedParams lp;
+    lp.max_log = max_log;
+    return lp;
+  }()) {}
+  void launch(std::uint64_t exec_id, std::uint64_t addr) {
+    const Access a[1] = {{addr, kChunkBytes, false}};
+    Launch l;
+    l.seq = seq++;
+    l.name = "k";
+    l.exec_id = exec_id;
+    l.accesses = a;
+    l.dur_ns = 10'000;
+    l.now_ns = seq * 10'000;
+    policy.on_launch(l, none);
+  }
+  struct NoActions final : Actions {
+    void prefetch(std::uint64_t, std::uint64_t, Location) override {}
+    void advise(std::uint64_t, std::uint64_t, Advice, Location) override {}
+  } none;
+  LearnedPolicy policy;
+  std::uint64_t seq = 0;
+};
+
 // Compacting the history replays the touches it keeps; a block allocated on a chunk since
 // its last touch must still count as new afterwards. X is touched by launch A, freed and
 // allocated again, then the history is compacted (A's touch is in the kept half), then
 // launch B touches X — new data. When A comes again, the history says that what follows its
 // touch of X is a touch of a new block: X's current data is predicted dead.
 TEST(LearnedTest, ABlockAllocatedBeforeACompactionStaysNewAfterIt) {
-  struct NoActions final : Actions {
-    void prefetch(std::uint64_t, std::uint64_t, Location) override {}
-    void advise(std::uint64_t, std::uint64_t, Advice, Location) override {}
-  } none;
-  LearnedParams lp;
-  lp.max_log = 16;
-  LearnedPolicy policy(lp);
+  DirectPolicy d(16);
   const std::uint64_t x = 1ull << 40, y = x + 4 * kChunkBytes;
   Block bx{x, kChunkBytes, 1}, by{y, kChunkBytes, 2};
-  policy.on_alloc(bx, none);
-  policy.on_alloc(by, none);
-  std::uint64_t seq = 0;
-  auto launch = [&](std::uint64_t id, std::uint64_t addr) {
-    const Access a[1] = {{addr, kChunkBytes, false}};
-    Launch l;
-    l.seq = seq++;
-    l.name = "k";
-    l.exec_id = id;
-    l.accesses = a;
-    l.dur_ns = 10'000;
-    l.now_ns = seq * 10'000;
-    policy.on_launch(l, none);
-  };
-  for (std::uint64_t i = 0; i < 10; ++i) launch(100 + i, y);
-  launch(1, x);  // A, entry 10
-  policy.on_free(bx, none);
+  d.policy.on_alloc(bx, d.none);
+  d.policy.on_alloc(by, d.none);
+  for (std::uint64_t i = 0; i < 10; ++i) d.launch(100 + i, y);
+  d.launch(1, x);  // A, entry 10
+  d.policy.on_free(bx, d.none);
   bx.id = 3;
-  policy.on_alloc(bx, none);
-  for (std::uint64_t i = 10; i < 15; ++i) launch(100 + i, y);
-  ASSERT_EQ(policy.known_ids(), 16u);  // no compaction yet
-  launch(2, x);                        // B: compacts first (keeping A), then touches the new block
-  ASSERT_LT(policy.known_ids(), 16u);
-  launch(1, x);  // A again
-  EXPECT_EQ(policy.next_use(chunk_of(x)), LearnedPolicy::kNoPrediction);
+  d.policy.on_alloc(bx, d.none);
+  for (std::uint64_t i = 10; i < 15; ++i) d.launch(100 + i, y);
+  ASSERT_EQ(d.policy.known_ids(), 16u);  // no compaction yet
+  d.launch(2, x);                        // B: compacts first (keeping A), then touches the new block
+  ASSERT_LT(d.policy.known_ids(), 16u);
+  d.launch(1, x);  // A again
+  EXPECT_EQ(d.policy.next_use(chunk_of(x)), LearnedPolicy::kNoPrediction);
 }
 
 // What the policy keeps per execution id is bounded with the history: ids that recur no
 // more (a program whose launches never repeat an id, as decoding into new addresses does)
 // leave with the half of the log that held them.
 TEST(LearnedTest, IdsThatDoNotRecurAreForgottenWithTheHistory) {
-  struct NoActions final : Actions {
-    void prefetch(std::uint64_t, std::uint64_t, Location) override {}
-    void advise(std::uint64_t, std::uint64_t, Advice, Location) override {}
-  } none;
-  LearnedParams lp;
-  lp.max_log = 64;
-  LearnedPolicy policy(lp);
-  const Access a[1] = {{1ull << 40, kChunkBytes, false}};
+  const std::uint32_t max_log = 64;
+  DirectPolicy d(max_log);
   for (std::uint64_t s = 0; s < 10'000; ++s) {
-    Launch l;
-    l.seq = s;
-    l.name = "k";
-    l.exec_id = 1'000'000 + s;  // never the same twice
-    l.accesses = a;
-    l.dur_ns = 10'000;
-    l.now_ns = (s + 1) * 10'000;
-    policy.on_launch(l, none);
-    ASSERT_LE(policy.known_ids(), lp.max_log) << "launch " << s;
+    d.launch(1'000'000 + s, 1ull << 40);  // never the same id twice
+    ASSERT_LE(d.policy.known_ids(), max_log) << "launch " << s;
   }
-  EXPECT_GE(policy.known_ids(), lp.max_log / 2);
+  EXPECT_GE(d.policy.known_ids(), max_log / 2);
 }
 
 }  // namespace
