@@ -58,6 +58,41 @@ TEST(ChunkPagesTest, APageIsDroppedOnlyWhenItsCountFallsToZero) {
   pages.drop_if_unused(1000);  // no page: nothing to do
 }
 
+TEST(ChunkPagesTest, AssignAndSetKeepTheCountOfSlotsInUseAndDropEmptiedPages) {
+  Pages pages;
+  pages.assign(10, 40, 7);  // chunks 10..39: pages 0 (6 slots), 1 (16), 2 (8)
+  EXPECT_EQ(pages.pages(), 3u);
+  EXPECT_EQ(pages.page(10)->used, 6u);
+  EXPECT_EQ(pages.page(16)->used, 16u);
+  EXPECT_EQ(pages.page(32)->used, 8u);
+  EXPECT_EQ(*pages.find(9), 0u);
+  EXPECT_EQ(*pages.find(39), 7u);
+  pages.assign(12, 14, 9);  // in use already: the count stays
+  EXPECT_EQ(pages.page(12)->used, 6u);
+  EXPECT_EQ(*pages.find(13), 9u);
+  pages.assign(16, 32, 0);  // page 1 emptied: dropped
+  EXPECT_EQ(pages.page(16), nullptr);
+  EXPECT_EQ(pages.pages(), 2u);
+  pages.assign(64, 80, 0);  // no page there: none allocated
+  EXPECT_EQ(pages.pages(), 2u);
+  pages.assign(10, 12, 0);
+  EXPECT_EQ(pages.page(10)->used, 4u);
+  pages.assign(0, 48, 0);
+  EXPECT_EQ(pages.pages(), 0u);
+  // set(): the same, one chunk at a time.
+  pages.set(100, 5);
+  EXPECT_EQ(pages.page(100)->used, 1u);
+  pages.set(101, 6);
+  pages.set(101, 7);
+  EXPECT_EQ(pages.page(100)->used, 2u);
+  pages.set(100, 0);
+  EXPECT_EQ(pages.page(101)->used, 1u);
+  pages.set(200, 0);  // no page there: none allocated
+  EXPECT_EQ(pages.pages(), 1u);
+  pages.set(101, 0);
+  EXPECT_EQ(pages.pages(), 0u);
+}
+
 TEST(ChunkPagesTest, ForEachSlotVisitsEverySlotOfEveryPage) {
   Pages pages;
   pages[3] = 1;

@@ -1,13 +1,10 @@
 #include "spillway/allocation_table.h"
 
-#include <algorithm>
 #include <mutex>
 
-namespace spillway {
+#include "spillway/policy.h"
 
-namespace {
-std::uint64_t chunk_index(std::uint64_t addr) { return addr / kChunkBytes; }
-}  // namespace
+namespace spillway {
 
 const char* to_string(AllocKind kind) {
   switch (kind) {
@@ -24,24 +21,6 @@ const char* to_string(AllocKind kind) {
 
 const Block AllocationTable::kShared{};
 
-void AllocationTable::fill(std::uint64_t first, std::uint64_t end, const Block* block) {
-  // A page at a time: one page look-up per 4096 chunks.
-  while (first < end) {
-    const std::uint64_t page_end = std::min(end, (first / Index::kPageChunks + 1) * Index::kPageChunks);
-    Index::Page* page = block == nullptr ? index_.page(first) : &index_.page_or_add(first);
-    if (page != nullptr) {
-      for (std::uint64_t c = first; c < page_end; ++c) {
-        const Block*& slot = page->slot[c & (Index::kPageChunks - 1)];
-        if (slot == nullptr && block != nullptr) ++page->used;
-        if (slot != nullptr && block == nullptr) --page->used;
-        slot = block;
-      }
-      if (page->used == 0) index_.drop_if_unused(first);
-    }
-    first = page_end;
-  }
-}
-
 void AllocationTable::reindex(std::uint64_t chunk) {
   const std::uint64_t lo = chunk * kChunkBytes;  // (lo + kChunkBytes wraps for the last chunk)
   const Block* only = nullptr;
@@ -55,7 +34,7 @@ void AllocationTable::reindex(std::uint64_t chunk) {
     only = &it->second;
     ++overlapping;
   }
-  fill(chunk, chunk + 1, overlapping == 0 ? nullptr : overlapping == 1 ? only : &kShared);
+  index_.set(chunk, overlapping == 0 ? nullptr : overlapping == 1 ? only : &kShared);
 }
 
 bool AllocationTable::insert(const Block& block) {
@@ -66,8 +45,8 @@ bool AllocationTable::insert(const Block& block) {
   if (next != blocks_.begin() && std::prev(next)->second.end() > block.base) return false;
   const Block* b = &blocks_.emplace_hint(next, block.base, block)->second;
   bytes_ += block.bytes;
-  const std::uint64_t first = chunk_index(block.base), last = chunk_index(block.end() - 1);
-  if (last > first + 1) fill(first + 1, last, b);  // its own
+  const std::uint64_t first = chunk_of(block.base), last = chunk_of(block.end() - 1);
+  if (last > first + 1) index_.assign(first + 1, last, b);  // its own
   reindex(first);
   if (last != first) reindex(last);
   return true;
@@ -80,8 +59,8 @@ std::optional<Block> AllocationTable::erase(std::uint64_t base) {
   Block b = it->second;
   bytes_ -= b.bytes;
   blocks_.erase(it);
-  const std::uint64_t first = chunk_index(b.base), last = chunk_index(b.end() - 1);
-  if (last > first + 1) fill(first + 1, last, nullptr);
+  const std::uint64_t first = chunk_of(b.base), last = chunk_of(b.end() - 1);
+  if (last > first + 1) index_.assign(first + 1, last, nullptr);
   reindex(first);
   if (last != first) reindex(last);
   return b;
@@ -93,7 +72,7 @@ std::optional<Block> AllocationTable::find(std::uint64_t addr) const {
 }
 
 std::optional<Block> AllocationTable::find_locked(std::uint64_t addr) const {
-  const Block* const* slot = index_.find(chunk_index(addr));
+  const Block* const* slot = index_.find(chunk_of(addr));
   if (slot == nullptr || *slot == nullptr) return std::nullopt;
   const Block* only = *slot;
   if (only != &kShared) {

@@ -94,9 +94,7 @@ class Engine::Residency final : public VictimQuery {
     }
     nodes_[n] = Node{c, kNil, kNil, epoch, base, end, hold ? 1u : 0u};
     link_tail(n);
-    auto& page = index_.page_or_add(c);
-    page.slot[c & (Index::kPageChunks - 1)] = n + 1;
-    ++page.used;
+    index_.set(c, n + 1);
     ++size_;
   }
   // Removes `c`; false if it was not resident. With `block`, stores there the block
@@ -108,11 +106,8 @@ class Engine::Residency final : public VictimQuery {
     if (end != nullptr) *end = nodes_[n].end;
     unlink(n);
     free_.push_back(n);
-    auto* page = index_.page(c);
-    page->slot[c & (Index::kPageChunks - 1)] = 0;
-    --page->used;
+    index_.set(c, 0);
     --size_;
-    index_.drop_if_unused(c);
     return true;
   }
   // The least recently used unpinned chunk, if any.

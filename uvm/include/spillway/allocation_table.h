@@ -51,7 +51,6 @@ class AllocationTable {
   // blocks_). Pages of 4096 chunks, allocated while some chunk of theirs is overlapped.
   using Index = ChunkPages<const Block*, 12>;  // 4096 chunks (8 GiB) to a page
   static const Block kShared;
-  void fill(std::uint64_t first, std::uint64_t end, const Block* block);  // slots [first, end)
   void reindex(std::uint64_t chunk);  // recomputes a chunk's slot from blocks_
   std::optional<Block> find_locked(std::uint64_t addr) const;  // find(), with mutex_ held
 

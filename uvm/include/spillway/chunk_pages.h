@@ -5,6 +5,7 @@
 // the Engine's residency plan and `learned`'s per-chunk records use it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -44,6 +45,43 @@ class ChunkPages {
   }
   // The slot of `chunk`, its page allocated if there was none.
   T& operator[](std::uint64_t chunk) { return page_or_add(chunk).slot[chunk & (kPageChunks - 1)]; }
+  // Sets the slots of chunks [first, end) to `value`, keeping each page's `used` as the
+  // number of its slots that differ from T{}: a page is allocated when such a value goes in
+  // and freed when its last one is reset to T{} (then no pointer into it may be held). One
+  // page look-up per page of the range.
+  void assign(std::uint64_t first, std::uint64_t end, const T& value) {
+    const bool vacant = value == T{};
+    while (first < end) {
+      const std::uint64_t page_end = std::min(end, (first / kPageChunks + 1) * kPageChunks);
+      Page* p = vacant ? page(first) : &page_or_add(first);
+      if (p != nullptr) {
+        for (std::uint64_t c = first; c < page_end; ++c) {
+          T& slot = p->slot[c & (kPageChunks - 1)];
+          if (slot == T{} && !vacant) ++p->used;
+          if (slot != T{} && vacant) --p->used;
+          slot = value;
+        }
+        if (p->used == 0) drop_if_unused(first);
+      }
+      first = page_end;
+    }
+  }
+  // assign() for one chunk (one page look-up).
+  void set(std::uint64_t chunk, const T& value) {
+    const bool vacant = value == T{};
+    auto it = pages_.find(chunk >> PageBits);
+    if (it == pages_.end()) {
+      if (vacant) return;
+      auto page = std::make_unique<Page>();  // (first: if it throws, the map is unchanged)
+      it = pages_.emplace(chunk >> PageBits, std::move(page)).first;
+    }
+    Page& p = *it->second;
+    T& slot = p.slot[chunk & (kPageChunks - 1)];
+    if (slot == T{} && !vacant) ++p.used;
+    if (slot != T{} && vacant) --p.used;
+    slot = value;
+    if (p.used == 0) pages_.erase(it);
+  }
   // Frees the page holding `chunk` if its `used` count is 0 (its slots are then lost).
   void drop_if_unused(std::uint64_t chunk) {
     auto it = pages_.find(chunk >> PageBits);
