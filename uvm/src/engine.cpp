@@ -364,12 +364,14 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
   // look-up to be clipped to it.
   const AllocationTable::Reader table(table_);  // (no allocation, free or driver call below)
   std::size_t failed = SIZE_MAX;
+  std::optional<Block> b;  // the last block found: an access's missing chunks are mostly one block's
   for (const auto& [c, access] : missing) {
     if (access == failed) continue;
     // (touch_pin: a chunk may appear twice)
     if (!r.touch_pin(c, hold)) {
       if (policy_->leave_remote(c)) continue;
-      const std::optional<Block> b = table.find(std::max(launch.accesses[access].addr, c * kChunkBytes));
+      const std::uint64_t addr = std::max(launch.accesses[access].addr, c * kChunkBytes);
+      if (!b || !b->contains(addr)) b = table.find(addr);
       if (!fetch(c, b ? &*b : nullptr, hold)) {
         failed = access;
         continue;
