@@ -14,7 +14,9 @@
 namespace spillway {
 
 // Slots of T, value-initialised, for chunk indices (address / 2 MiB). A page's address is
-// stable until drop_if_unused() frees it, so a slot may be held by pointer meanwhile.
+// stable until it is freed (drop_if_unused(), or assign()/set() emptying it), so a slot may
+// be held by pointer meanwhile; an owner that never empties pages (operator[] alone) keeps
+// every slot's address.
 // Memory: sizeof(T) << PageBits per page holding any slot in use. Not thread-safe: the
 // owner serialises access (find() and the const accessors may run concurrently).
 template <class T, unsigned PageBits>
@@ -23,7 +25,7 @@ class ChunkPages {
   static constexpr std::uint64_t kPageChunks = 1ull << PageBits;
   struct Page {
     std::array<T, kPageChunks> slot{};
-    std::uint64_t used = 0;  // kept by the owner: drop_if_unused() frees the page at 0
+    std::uint64_t used = 0;  // slots in use (kept by assign()/set()): the page is freed at 0
   };
 
   // The page holding `chunk`, or nullptr when none does.
