@@ -57,7 +57,15 @@ int run(const std::vector<std::pair<std::string, std::string>>& settings, const 
   std::string shim = find_shim();
   if (shim.empty()) fail(2, "cannot find libspillway.so next to this program (looked in ../lib)");
 
-  for (const auto& [variable, value] : settings) setenv(variable.c_str(), value.c_str(), 1);
+  for (const auto& [variable, value] : settings) {
+    setenv(variable.c_str(), value.c_str(), 1);
+    // The run's trace and report replace those of an earlier run. Each process of the run
+    // creates its file exclusively (spillway/output_file.h): the first takes the name given.
+    if (variable == "SPILLWAY_TRACE" || variable == "SPILLWAY_REPORT") {
+      std::error_code ec;
+      fs::remove(value, ec);
+    }
+  }
   const char* previous = std::getenv("LD_PRELOAD");
   std::string preload = shim;
   if (previous != nullptr && *previous != '\0') preload += ":" + std::string(previous);

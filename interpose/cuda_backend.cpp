@@ -6,6 +6,7 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace spillway::interpose {
 namespace {
@@ -163,16 +164,48 @@ void note_launch_stream(CUstream stream) {
 std::mutex g_evicted_mutex;
 bool g_evicted = false;  // guarded by g_evicted_mutex
 
-// Per-thread events used only for ordering (record + cuStreamWaitEvent; re-recording is
-// legal once the wait is enqueued). Created once per thread, never destroyed.
-thread_local CUevent t_order_events[2] = {nullptr, nullptr};
+// Events used only for ordering (record + cuStreamWaitEvent; re-recording is legal once the
+// wait is enqueued, and the wait keeps the recorded work, so an event can go to another
+// thread at once). Each thread takes two from a process-wide pool when it first orders, and
+// gives them back when it exits; so a program that runs thousands of short-lived threads
+// makes as many events as it has threads at once, not one pair per thread. Never destroyed:
+// the driver may be unloading at exit.
+std::mutex g_event_pool_mutex;
+std::vector<CUevent>& event_pool() {
+  static auto* pool = new std::vector<CUevent>();  // never destroyed: threads exit during exit()
+  return *pool;
+}
+
+struct ThreadOrderEvents {
+  CUevent events[2] = {nullptr, nullptr};
+  ~ThreadOrderEvents() {
+    // (try_lock: exit() from a signal handler runs this on a thread that may hold the lock.)
+    std::unique_lock lock(g_event_pool_mutex, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    try {
+      for (CUevent e : events) {
+        if (e != nullptr) event_pool().push_back(e);
+      }
+    } catch (...) {
+    }
+  }
+};
+thread_local ThreadOrderEvents t_order_events;
 
 CUevent order_event(int i) {
-  if (t_order_events[i] == nullptr && real().cuEventCreate != nullptr) {
-    CUevent e = nullptr;
-    if (real().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) t_order_events[i] = e;
+  CUevent& slot = t_order_events.events[i];
+  if (slot != nullptr) return slot;
+  {
+    std::lock_guard lock(g_event_pool_mutex);
+    if (!event_pool().empty()) {
+      slot = event_pool().back();
+      event_pool().pop_back();
+      return slot;
+    }
   }
-  return t_order_events[i];
+  CUevent e = nullptr;
+  if (real().cuEventCreate != nullptr && real().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) slot = e;
+  return slot;
 }
 
 // `waiter` waits for the work issued to `after` so far.
@@ -263,13 +296,15 @@ Result CudaBackend::advise(std::uint64_t addr, std::uint64_t bytes, Advice advic
   return from_cuda(real().cuMemAdvise_v2(addr, bytes, a, location_of(where, device)));
 }
 
-bool CudaBackend::is_capturing(StreamHandle stream) {
+Result CudaBackend::capture_status(StreamHandle stream, bool* capturing) {
   ShimCallScope scope;
-  if (real().cuStreamIsCapturing == nullptr) return false;
+  if (real().cuStreamIsCapturing == nullptr) return missing();
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = real().cuStreamIsCapturing(reinterpret_cast<CUstream>(stream), &status);
+  if (r != CUDA_SUCCESS) return from_cuda(r);
   // An invalidated capture still forbids new work on the stream until it ends.
-  return r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+  *capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
+  return Result{};
 }
 
 Result CudaBackend::record_event(StreamHandle stream, EventHandle* event) {

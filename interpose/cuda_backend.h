@@ -22,7 +22,7 @@ class CudaBackend final : public Backend {
   Result free_managed(std::uint64_t addr) override;
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) override;
   Result advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) override;
-  bool is_capturing(StreamHandle stream) override;
+  Result capture_status(StreamHandle stream, bool* capturing) override;
   Result record_event(StreamHandle stream, EventHandle* event) override;
   Result event_done(EventHandle event) override;
   void destroy_event(EventHandle event) override;

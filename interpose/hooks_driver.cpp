@@ -19,10 +19,25 @@ namespace {
 // only promises "appropriately padded"). The driver limits the element size to 4, 8 or 16.
 constexpr std::uint64_t kPitchAlignment = 512;
 
+CUstream per_thread(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
+
+// The capture status of `stream` (already mapped: per-thread default stream for _ptsz), or the
+// driver's error for a stream it does not know (destroyed, garbage).
+CUresult capture_status(CUstream stream, CUstreamCaptureStatus* status) {
+  interpose::ShimCallScope scope;
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (real().cuStreamIsCapturing == nullptr) return CUDA_SUCCESS;
+  return real().cuStreamIsCapturing(stream, status);
+}
+
 // Redirects one device allocation to managed memory, or returns nullopt to pass it through.
 // Counts every allocation it passes through (once: callers do not count again).
+// A stream-ordered allocation is left to the driver when its stream is being captured: it
+// becomes a graph memory node, whose memory lives as long as the graph and is reused by the
+// driver only when the graph's own free node has run ("Graph Memory Nodes", CUDA Programming
+// Guide). It is also left to the driver when the stream is unknown: the driver's own error.
 std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes, AllocKind kind,
-                                         StreamHandle stream) {
+                                         StreamHandle stream, bool stream_ordered = false) {
   interpose::note_driver_alloc_hook_ran();
   if (dptr == nullptr || bytes == 0) return std::nullopt;  // the driver reports its own error
   Engine* e = engine_for_allocation();
@@ -39,7 +54,13 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
   }
   std::uint64_t addr = 0;
   Result r;
-  if (stream != 0 || kind == AllocKind::async || kind == AllocKind::pool_async || kind == AllocKind::runtime_async) {
+  if (stream_ordered) {
+    CUstreamCaptureStatus status;
+    if (capture_status(reinterpret_cast<CUstream>(stream), &status) != CUDA_SUCCESS) return std::nullopt;
+    if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
+      e->note_passed_through(false);
+      return std::nullopt;
+    }
     interpose::RelaxedCaptureMode relaxed;  // stream-ordered calls are legal during capture; ours must stay so
     r = e->allocate(bytes, kind, stream, &addr);
   } else {
@@ -54,9 +75,11 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
   return CUDA_SUCCESS;
 }
 
-CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream,
+// `mapped`: the stream as the driver reads it (the per-thread default stream for a _ptsz
+// call's NULL stream); the real function is called with the caller's own argument.
+CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, CUstream mapped,
                      CUresult (*real_fn)(CUdeviceptr*, size_t, CUstream)) {
-  if (auto r = allocate_managed(dptr, bytes, AllocKind::async, reinterpret_cast<StreamHandle>(stream))) return *r;
+  if (auto r = allocate_managed(dptr, bytes, AllocKind::async, reinterpret_cast<StreamHandle>(mapped), true)) return *r;
   return real_fn(dptr, bytes, stream);
 }
 
@@ -69,22 +92,35 @@ bool is_default_pool(CUmemoryPool pool) {
   return real().cuDeviceGetDefaultMemPool(&def, dev) == CUDA_SUCCESS && def == pool;
 }
 
-CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
+CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream, CUstream mapped,
                          CUresult (*real_fn)(CUdeviceptr*, size_t, CUmemoryPool, CUstream)) {
   // Only the device's default pool is turned into managed memory: a pool the program made
   // itself carries properties (IPC export, location, release threshold) we cannot honour.
   if (pool != nullptr && is_default_pool(pool)) {
-    if (auto r = allocate_managed(dptr, bytes, AllocKind::pool_async, reinterpret_cast<StreamHandle>(stream))) return *r;
+    if (auto r = allocate_managed(dptr, bytes, AllocKind::pool_async, reinterpret_cast<StreamHandle>(mapped), true)) {
+      return *r;
+    }
   } else if (Engine* e = engine(); e != nullptr && dptr != nullptr && bytes != 0) {
     e->note_passed_through(false);
   }
   return real_fn(dptr, bytes, pool, stream);
 }
 
-CUresult free_async(CUdeviceptr dptr, CUstream stream, CUresult (*real_fn)(CUdeviceptr, CUstream)) {
+// A stream-ordered free of a managed block. On a capturing stream it is a free node of the
+// graph being captured: the block stays live until a launch of that graph has run
+// (hooks_launch.cpp, captured frees). On a stream the driver does not know: its own error.
+CUresult free_async(CUdeviceptr dptr, CUstream stream, CUstream mapped, CUresult (*real_fn)(CUdeviceptr, CUstream)) {
   if (Engine* e = engine(); e != nullptr && dptr != 0) {
+    if (e->owns_base(dptr)) {
+      CUstreamCaptureStatus status;
+      if (CUresult q = capture_status(mapped, &status); q != CUDA_SUCCESS) return q;
+      if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
+        interpose::defer_captured_free(mapped, dptr);
+        return CUDA_SUCCESS;
+      }
+    }
     bool ours = false;
-    Result r = e->release(dptr, reinterpret_cast<StreamHandle>(stream), &ours);
+    Result r = e->release(dptr, reinterpret_cast<StreamHandle>(mapped), &ours);
     if (ours) return interpose::to_cuda(r);
   }
   return real_fn(dptr, stream);
@@ -139,22 +175,22 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInByt
 
 CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   interpose::ensure_driver();
-  return alloc_async(dptr, bytesize, hStream, real().cuMemAllocAsync);
+  return alloc_async(dptr, bytesize, hStream, hStream, real().cuMemAllocAsync);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
   interpose::ensure_driver();
-  return alloc_async(dptr, bytesize, hStream, real().cuMemAllocAsync_ptsz);
+  return alloc_async(dptr, bytesize, hStream, per_thread(hStream), real().cuMemAllocAsync_ptsz);
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
   interpose::ensure_driver();
-  return alloc_from_pool(dptr, bytesize, pool, hStream, real().cuMemAllocFromPoolAsync);
+  return alloc_from_pool(dptr, bytesize, pool, hStream, hStream, real().cuMemAllocFromPoolAsync);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream) {
   interpose::ensure_driver();
-  return alloc_from_pool(dptr, bytesize, pool, hStream, real().cuMemAllocFromPoolAsync_ptsz);
+  return alloc_from_pool(dptr, bytesize, pool, hStream, per_thread(hStream), real().cuMemAllocFromPoolAsync_ptsz);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
@@ -169,12 +205,12 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
   interpose::ensure_driver();
-  return free_async(dptr, hStream, real().cuMemFreeAsync);
+  return free_async(dptr, hStream, hStream, real().cuMemFreeAsync);
 }
 
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
   interpose::ensure_driver();
-  return free_async(dptr, hStream, real().cuMemFreeAsync_ptsz);
+  return free_async(dptr, hStream, per_thread(hStream), real().cuMemFreeAsync_ptsz);
 }
 
 CUresult cuStreamDestroy_v2(CUstream hStream) {

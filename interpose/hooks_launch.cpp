@@ -3,7 +3,15 @@
 // Per launch, before the real launch:
 //  1. The kernel's parameter layout comes from cuFuncGetParamInfo (CUDA 12.4+), read once
 //     per CUfunction into a lock-free cache (open addressing over atomic pointers; entries
-//     are never freed, functions are few).
+//     are never freed, functions are few). A handle names one kernel only while its code is
+//     loaded: after cuModuleUnload, cuLibraryUnload or the end of a context (cuCtxDestroy,
+//     cuDevicePrimaryCtxRelease/Reset) the driver may hand the very same CUfunction/CUkernel
+//     to another kernel. Each of those calls starts a new code generation; an entry of an
+//     older generation is read again (layout, name) before it is used, so the scan never
+//     reads more parameters than the handle's current kernel has. (The retired entry is
+//     kept, not freed: a launch on another thread may still be reading it. One per function
+//     per unload.) The generation is part of the execution id, so durations learned for the
+//     old kernel do not describe the new one.
 //  2. Every 8-byte-aligned word of every parameter of 8 bytes or more (pointers passed
 //     directly and pointers inside by-value structs) is looked up in the allocation table:
 //     first the Engine's lock-free address bounds, then Engine::find.
@@ -23,6 +31,12 @@
 //     (cuGraphInstantiateWithFlags): cuGraphLaunch is one launch with the union of the
 //     footprints of the kernels captured into it, restricted to blocks still live. A graph
 //     built without capture (explicit node APIs) is launched with an empty footprint.
+//     Stream-ordered allocations on a capturing stream are left to the driver (graph memory
+//     nodes, hooks_driver.cpp). A cuMemFreeAsync of a managed block on a capturing stream is
+//     a free node: the block stays live (and in footprints) and follows the capture to its
+//     graph and the graph's execs; the first cuGraphLaunch of one of them that the driver
+//     accepts releases it, stream-ordered after that launch. A graph never launched never
+//     frees it, as the driver would not.
 //  5. Engine::launch(Launch{...}) with a LaunchOrderScope (cuda_backend.h: the shim's own
 //     streams are ordered after the launching stream with events), then the real launch.
 //  6. Durations: 1 launch in kSampleEvery per execution id (direct-mapped table) is timed
@@ -42,6 +56,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -78,6 +93,7 @@ std::uint64_t now_ns() {
 
 struct FuncInfo {
   const void* key = nullptr;
+  std::uint64_t generation = 0;  // the code generation it was read in (step 1)
   CUfunction function = nullptr;
   bool layout_known = false;
   struct Param {
@@ -88,34 +104,37 @@ struct FuncInfo {
   std::string name;
 };
 
+// The code generation (file comment, step 1): bumped by every call that may unload code.
+std::atomic<std::uint64_t> g_code_generation{0};
+
 // Lock-free read path: a fixed open-addressing table of atomic pointers; insertion by CAS.
-// Past kSlots entries (never in practice) a mutex-guarded map takes over.
+// Past kSlots entries (never in practice) a mutex-guarded map takes over. An entry of an
+// older code generation is replaced in its slot by a fresh one (the old one is retired).
 class FuncCache {
  public:
   template <typename Make>
   const FuncInfo* get(const void* key, Make&& make) {
+    const std::uint64_t gen = g_code_generation.load(std::memory_order_acquire);
     std::size_t h = slot_of(key);
     for (std::size_t i = 0; i < kProbe; ++i) {
       std::atomic<FuncInfo*>& slot = slots_[(h + i) & (kSlots - 1)];
       FuncInfo* cur = slot.load(std::memory_order_acquire);
-      if (cur == nullptr) {
-        FuncInfo* fresh = make(key);
-        FuncInfo* expected = nullptr;
-        if (slot.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) return fresh;
-        if (expected->key == key) {
-          delete fresh;
-          return expected;
-        }
-        delete fresh;
-        continue;
-      }
-      if (cur->key == key) return cur;
+      if (cur != nullptr && cur->key != key) continue;
+      if (cur != nullptr && cur->generation == gen) return cur;
+      // Empty, or this key's entry of an older generation: read the function now.
+      FuncInfo* fresh = make(key);
+      fresh->generation = gen;
+      FuncInfo* expected = cur;
+      if (slot.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) return fresh;  // (cur retired)
+      delete fresh;
+      if (expected->key == key) return expected;  // another thread read it first
     }
     std::lock_guard lock(overflow_mutex_);
     auto it = overflow_.find(key);
-    if (it != overflow_.end()) return it->second;
+    if (it != overflow_.end() && it->second->generation == gen) return it->second;
     FuncInfo* fresh = make(key);
-    overflow_.emplace(key, fresh);
+    fresh->generation = gen;
+    overflow_[key] = fresh;  // (an older entry is retired)
     return fresh;
   }
 
@@ -276,8 +295,8 @@ struct Footprint {
 void collect(Engine& e, const FuncInfo& fn, void** params, void** extra, Footprint& fp) {
   // The kernel's identity: its CUfunction, or for a runtime host stub the runtime could not
   // map, the stub itself (distinct kernels must not share one id).
-  fp.exec_id = mix(0, fn.function != nullptr ? reinterpret_cast<std::uintptr_t>(fn.function)
-                                             : reinterpret_cast<std::uintptr_t>(fn.key));
+  fp.exec_id = mix(fn.generation, fn.function != nullptr ? reinterpret_cast<std::uintptr_t>(fn.function)
+                                                         : reinterpret_cast<std::uintptr_t>(fn.key));
   const unsigned char* buffer = nullptr;
   std::size_t buffer_size = 0;
   if (params == nullptr) {
@@ -294,9 +313,10 @@ void collect(Engine& e, const FuncInfo& fn, void** params, void** extra, Footpri
       else if (buffer != nullptr && prm.offset + prm.size <= buffer_size) p = buffer + prm.offset;
       if (p != nullptr) fp.scan(e, p, prm.offset, prm.size);
     }
-  } else if (buffer != nullptr) {
-    fp.scan(e, buffer, 0, static_cast<std::uint32_t>(std::min<std::size_t>(buffer_size, 1u << 16)));
   }
+  // Without a layout nothing is scanned: neither the length of kernelParams nor the real
+  // size of an `extra` buffer is known (its claimed CU_LAUNCH_PARAM_BUFFER_SIZE may exceed
+  // it; the driver checks it against the kernel's layout and refuses the launch).
   fp.build();
 }
 
@@ -314,6 +334,44 @@ std::unordered_map<CUgraph, std::vector<Access>>& graphs() {
 std::unordered_map<CUgraphExec, std::vector<Access>>& execs() {
   static auto* m = new std::unordered_map<CUgraphExec, std::vector<Access>>();
   return *m;
+}
+
+// Captured frees (file comment, step 4): per capturing stream, then per graph and exec. One
+// list is shared by the graph and every exec made from it; the first launch takes it.
+struct CapturedFrees {
+  std::vector<CUdeviceptr> blocks;
+  bool released = false;  // guarded by g_graph_mutex
+};
+using FreesPtr = std::shared_ptr<CapturedFrees>;
+std::unordered_map<CUstream, std::vector<CUdeviceptr>>& stream_frees() {
+  static auto* m = new std::unordered_map<CUstream, std::vector<CUdeviceptr>>();
+  return *m;
+}
+std::unordered_map<CUgraph, FreesPtr>& graph_frees() {
+  static auto* m = new std::unordered_map<CUgraph, FreesPtr>();
+  return *m;
+}
+std::unordered_map<CUgraphExec, FreesPtr>& exec_frees() {
+  static auto* m = new std::unordered_map<CUgraphExec, FreesPtr>();
+  return *m;
+}
+
+// After a graph launch the driver accepted: the frees captured into it are carried out.
+void release_captured_frees(CUgraphExec exec, CUstream stream) {
+  std::vector<CUdeviceptr> blocks;
+  {
+    std::lock_guard lock(g_graph_mutex);
+    auto it = exec_frees().find(exec);
+    if (it == exec_frees().end() || it->second->released) return;
+    it->second->released = true;
+    blocks = it->second->blocks;
+  }
+  Engine* e = interpose::engine();
+  if (e == nullptr) return;
+  for (CUdeviceptr p : blocks) {
+    bool ours = false;
+    e->release(p, reinterpret_cast<StreamHandle>(stream), &ours);
+  }
 }
 
 // Streams whose capture began through the hooks (guarded by g_graph_mutex) and their count.
@@ -634,7 +692,41 @@ CUresult begin_capture(CUstream stream, CUresult r) {
   return r;
 }
 
+// The frees captured on `stream`, and on streams that joined its capture and no longer
+// capture now, go to the graph its capture made (with a failed capture: nowhere, never freed).
+void end_captured_frees(CUstream stream, CUgraph* graph, CUresult r) {
+  std::vector<CUstream> others;  // parked streams to ask, outside the lock
+  {
+    std::lock_guard lock(g_graph_mutex);
+    if (stream_frees().empty()) return;
+    for (const auto& [s, v] : stream_frees()) {
+      if (s != stream) others.push_back(s);
+    }
+  }
+  std::vector<CUstream> ended{stream};
+  for (CUstream s : others) {
+    interpose::ShimCallScope scope;
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (real().cuStreamIsCapturing == nullptr || real().cuStreamIsCapturing(s, &status) != CUDA_SUCCESS ||
+        status == CU_STREAM_CAPTURE_STATUS_NONE) {
+      ended.push_back(s);
+    }
+  }
+  auto frees = std::make_shared<CapturedFrees>();
+  std::lock_guard lock(g_graph_mutex);
+  for (CUstream s : ended) {
+    auto it = stream_frees().find(s);
+    if (it == stream_frees().end()) continue;
+    frees->blocks.insert(frees->blocks.end(), it->second.begin(), it->second.end());
+    stream_frees().erase(it);
+  }
+  if (r == CUDA_SUCCESS && graph != nullptr && *graph != nullptr && !frees->blocks.empty()) {
+    graph_frees()[*graph] = std::move(frees);
+  }
+}
+
 CUresult end_capture(CUstream stream, CUgraph* graph, CUresult r) {
+  end_captured_frees(stream, graph, r);
   std::lock_guard lock(g_graph_mutex);
   // The capture is over unless the driver refused the call for a stream that was not
   // capturing (then it was not in the list either).
@@ -692,14 +784,24 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned 
 
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
   if (exec == nullptr) return real().cuGraphLaunch(exec, s);
-  Observation obs(nullptr, nullptr, exec, s, nullptr, nullptr);
-  return obs.done(real().cuGraphLaunch(exec, s), CUDA_SUCCESS);
+  CUresult r;
+  {
+    Observation obs(nullptr, nullptr, exec, s, nullptr, nullptr);
+    r = obs.done(real().cuGraphLaunch(exec, s), CUDA_SUCCESS);
+  }
+  if (r == CUDA_SUCCESS) release_captured_frees(exec, s);
+  return r;
 }
 
 CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
   if (exec == nullptr) return real().cuGraphLaunch_ptsz(exec, s);
-  Observation obs(nullptr, nullptr, exec, per_thread(s), nullptr, nullptr);
-  return obs.done(real().cuGraphLaunch_ptsz(exec, s), CUDA_SUCCESS);
+  CUresult r;
+  {
+    Observation obs(nullptr, nullptr, exec, per_thread(s), nullptr, nullptr);
+    r = obs.done(real().cuGraphLaunch_ptsz(exec, s), CUDA_SUCCESS);
+  }
+  if (r == CUDA_SUCCESS) release_captured_frees(exec, per_thread(s));
+  return r;
 }
 
 // (The launching streams' lock: no eviction orders itself after other streams meanwhile.)
@@ -726,6 +828,9 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned 
     auto it = graphs().find(graph);
     if (it != graphs().end()) execs()[*exec] = it->second;
     else execs().erase(*exec);
+    auto f = graph_frees().find(graph);
+    if (f != graph_frees().end()) exec_frees()[*exec] = f->second;
+    else exec_frees().erase(*exec);
   }
   return r;
 }
@@ -734,6 +839,7 @@ CUresult cuGraphExecDestroy(CUgraphExec exec) {
   {
     std::lock_guard lock(g_graph_mutex);
     execs().erase(exec);
+    exec_frees().erase(exec);
   }
   return real().cuGraphExecDestroy(exec);
 }
@@ -742,8 +848,38 @@ CUresult cuGraphDestroy(CUgraph graph) {
   {
     std::lock_guard lock(g_graph_mutex);
     graphs().erase(graph);
+    graph_frees().erase(graph);
   }
   return real().cuGraphDestroy(graph);
+}
+
+// Code unloaded (file comment, step 1): the handles of its kernels may be given out again.
+// The generation moves before the real call, so no launch after the call returns reads an
+// entry of the code it unloaded.
+CUresult cuModuleUnload(CUmodule hmod) {
+  g_code_generation.fetch_add(1, std::memory_order_acq_rel);
+  return real().cuModuleUnload(hmod);
+}
+
+CUresult cuLibraryUnload(CUlibrary library) {
+  g_code_generation.fetch_add(1, std::memory_order_acq_rel);
+  return real().cuLibraryUnload(library);
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  g_code_generation.fetch_add(1, std::memory_order_acq_rel);
+  return real().cuCtxDestroy_v2(ctx);
+}
+
+// The last release of a primary context destroys it, and its modules with it.
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  g_code_generation.fetch_add(1, std::memory_order_acq_rel);
+  return real().cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  g_code_generation.fetch_add(1, std::memory_order_acq_rel);
+  return real().cuDevicePrimaryCtxReset_v2(dev);
 }
 
 cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args, size_t shmem, cudaStream_t stream) {
@@ -771,6 +907,11 @@ cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const voi
 }  // namespace spillway::hook
 
 namespace spillway::interpose {
+
+void defer_captured_free(CUstream stream, CUdeviceptr addr) {
+  std::lock_guard lock(hook::g_graph_mutex);
+  hook::stream_frees()[stream].push_back(addr);
+}
 
 bool captures_in_progress() { return hook::g_captures.load(std::memory_order_acquire) != 0; }
 

@@ -5,6 +5,8 @@
 // state and stream semantics) and only marks the allocation's family; the driver hook it
 // leads to does the redirecting. If a runtime allocation ever succeeds without reaching a
 // driver hook, the shim says so once: that would be an allocation path it does not see.
+#include <atomic>
+
 #include "shim.h"
 #include "spillway/log.h"
 
@@ -14,9 +16,17 @@ using interpose::real;
 
 namespace {
 
-cudaError_t checked(cudaError_t r, const interpose::RuntimeAllocScope& scope, const char* api) {
-  if (r == cudaSuccess && !scope.driver_hook_ran()) {
-    SPILLWAY_LOG_ONCE(LogLevel::warn, "{} allocated without reaching the driver through the shim; that memory stays device memory", api);
+// An allocation of 0 bytes succeeds with a NULL pointer without reaching the driver (the
+// runtime's documented answer): nothing was allocated, nothing to say. The warning is given
+// once per API, so one API's warning never hides another's.
+enum class RuntimeApi { malloc, pitch, async, count };
+cudaError_t checked(cudaError_t r, void** ptr, const interpose::RuntimeAllocScope& scope, RuntimeApi api) {
+  static std::atomic<bool> warned[static_cast<int>(RuntimeApi::count)] = {};
+  static constexpr const char* kNames[] = {"cudaMalloc", "cudaMallocPitch", "cudaMallocAsync"};
+  if (r != cudaSuccess || ptr == nullptr || *ptr == nullptr || scope.driver_hook_ran()) return r;
+  if (!warned[static_cast<int>(api)].exchange(true)) {
+    log(LogLevel::warn, "{} allocated without reaching the driver through the shim; that memory stays device memory",
+        kNames[static_cast<int>(api)]);
   }
   return r;
 }
@@ -29,22 +39,22 @@ void substitute_out(cudaError_t r, void** fn) {
 
 cudaError_t cudaMalloc(void** devPtr, size_t size) {
   interpose::RuntimeAllocScope scope(AllocKind::runtime);
-  return checked(real().cudaMalloc(devPtr, size), scope, "cudaMalloc");
+  return checked(real().cudaMalloc(devPtr, size), devPtr, scope, RuntimeApi::malloc);
 }
 
 cudaError_t cudaMallocPitch(void** devPtr, size_t* pitch, size_t width, size_t height) {
   interpose::RuntimeAllocScope scope(AllocKind::runtime_pitch);
-  return checked(real().cudaMallocPitch(devPtr, pitch, width, height), scope, "cudaMallocPitch");
+  return checked(real().cudaMallocPitch(devPtr, pitch, width, height), devPtr, scope, RuntimeApi::pitch);
 }
 
 cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
   interpose::RuntimeAllocScope scope(AllocKind::runtime_async);
-  return checked(real().cudaMallocAsync(devPtr, size, hStream), scope, "cudaMallocAsync");
+  return checked(real().cudaMallocAsync(devPtr, size, hStream), devPtr, scope, RuntimeApi::async);
 }
 
 cudaError_t cudaMallocAsync_ptsz(void** devPtr, size_t size, cudaStream_t hStream) {
   interpose::RuntimeAllocScope scope(AllocKind::runtime_async);
-  return checked(real().cudaMallocAsync_ptsz(devPtr, size, hStream), scope, "cudaMallocAsync");
+  return checked(real().cudaMallocAsync_ptsz(devPtr, size, hStream), devPtr, scope, RuntimeApi::async);
 }
 
 cudaError_t cudaFree(void* devPtr) { return real().cudaFree(devPtr); }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda_backend.h"
+#include "spillway/output_file.h"
 #include "spillway/report.h"
 
 #define SPILLWAY_EXPORT __attribute__((visibility("default")))
@@ -283,18 +284,37 @@ cudaError_t unavailable<cudaError_t>() { return cudaErrorInitializationError; }
 // the parent's table and could overwrite the parent's report with stale figures).
 pid_t g_owner_pid = 0;
 
+// Nothing here waits on a lock for long: exit() may come from a signal handler that
+// interrupted this very thread inside the Engine (or the trace recorder) with its lock held.
+constexpr std::chrono::milliseconds kExitLockWait{200};
+
 __attribute__((destructor)) void write_exit_report() {
   if (g_state == nullptr || g_state->engine == nullptr) return;
   if (getpid() != g_owner_pid) return;
-  close_trace_recorder();
+  close_trace_recorder(kExitLockWait);
+  if (!log_enabled(LogLevel::info) && g_state->config.report_path.empty()) return;  // nothing asked for
   try {
-    Stats s = g_state->engine->stats();
+    std::optional<Stats> stats = g_state->engine->stats_within(kExitLockWait);
+    if (!stats) {
+      log(LogLevel::warn, "no exit report: the Engine stayed busy at exit (exit() during a launch's plan)");
+      return;
+    }
+    const Stats& s = *stats;
     bool used = s.allocations_redirected + s.allocations_passed_through + s.allocations_refused > 0;
     if (!used) return;
     if (log_enabled(LogLevel::info)) log(LogLevel::info, "{}", stats_table(s));
     if (!g_state->config.report_path.empty()) {
-      std::string err = write_report(g_state->config.report_path, s);
-      if (!err.empty()) log(LogLevel::error, "{}", err);
+      // A file of this process's own (output_file.h): other processes of the run may write one too.
+      std::string err;
+      std::string path = claim_output_file(g_state->config.report_path, &err);
+      if (!path.empty()) {
+        if (path != g_state->config.report_path) {
+          log(LogLevel::warn, "SPILLWAY_REPORT: '{}' exists; process {} writes its report to '{}'",
+              g_state->config.report_path, static_cast<long>(getpid()), path);
+        }
+        err = write_report(path, s);
+      }
+      if (!err.empty()) log(LogLevel::error, "SPILLWAY_REPORT: {}", err);
     }
   } catch (...) {
   }
@@ -357,6 +377,13 @@ extern "C" void* spillway_dlsym_impl(void* handle, const char* name) {
   if (real == nullptr) return nullptr;
   void* result = real(handle, name);
   if (result == nullptr || name[0] != 'c' || name[1] != 'u' || t_dlsym_depth > 0) return result;
+  // The lookup found the shim's own export (a handle whose scope holds the preloaded shim:
+  // RTLD_DEFAULT, dlopen(NULL)). Without the shim it would have found the next definition,
+  // or none in a process that has not loaded CUDA: a program probing for the runtime or the
+  // driver this way must get that answer, and the hook only where the real function exists.
+  if (const Entry* own = find_entry(name); own != nullptr && own->hook != nullptr && result == own->hook) {
+    if (real(RTLD_NEXT, name) == nullptr) return nullptr;  // (RTLD_NEXT from here: after the shim)
+  }
   ++t_dlsym_depth;
   void* out = result;
   try {

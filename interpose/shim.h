@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -73,8 +74,15 @@ void note_driver_alloc_hook_ran();
 // SPILLWAY_TRACE (trace_recorder.cpp): opens the trace and makes it the Engine's observer;
 // a path that cannot be written logs one error line and records nothing.
 void install_trace_recorder(Engine& engine, const std::string& path);
-// Flushes and closes the trace (at exit; calls no driver function).
-void close_trace_recorder() noexcept;
+// Flushes and closes the trace (at exit; calls no driver function). If another event is
+// being written for longer than `wait` (this thread itself may hold the recorder, exit()
+// having come from a signal handler), the trace is left unfinished, with one error line.
+void close_trace_recorder(std::chrono::milliseconds wait) noexcept;
+
+// A cuMemFreeAsync of managed block `addr` on `stream` while it captures (hooks_launch.cpp):
+// the block stays live until the first launch of a graph exec instantiated from that
+// capture, then is released stream-ordered after that launch. Thread-safe.
+void defer_captured_free(CUstream stream, CUdeviceptr addr);
 
 // The CUresult for an Engine Result: the driver's own code when it gave one.
 CUresult to_cuda(const Result& r);

@@ -7,18 +7,26 @@
 //   writes (no const-ness in cuFuncGetParamInfo).
 // - `dur_ns` is the duration the Engine was given (the last sample for that execution id;
 //   0 before the first sample completes).
-// - The file is opened when the shim starts; if it cannot be, one error line is written and
-//   the program runs untraced. A write error closes the trace with one error line. It is
-//   closed at exit (library destructor) by zlib alone: no driver call.
-// - A child forked without exec inherits the open trace: it writes nothing to it and drops it
-//   unflushed at exit, so the parent's trace stays whole.
+// - The file is created at the process's first event (its first managed allocation or
+//   observed launch), so a process that never uses CUDA — a shell, `timeout`, a launcher
+//   that SPILLWAY_TRACE reaches through the environment — writes nothing. It is created for
+//   this process alone (output_file.h): if the file exists, written by another process of
+//   the run, this one records to `<name>.<pid>.<ext>` and says so in one line. If it cannot
+//   be created, one error line is written and the program runs untraced. A write error
+//   closes the trace with one error line. It is closed at exit (library destructor) by zlib
+//   alone: no driver call.
+// - A child forked without exec inherits an open trace: it writes nothing to it and drops it
+//   unflushed at exit, so the parent's trace stays whole. (A child forked before the parent
+//   used CUDA creates its own at its first event.)
 #include <unistd.h>
 
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "shim.h"
 #include "spillway/log.h"
+#include "spillway/output_file.h"
 #include "spillway/trace.h"
 
 namespace spillway::interpose {
@@ -26,8 +34,7 @@ namespace {
 
 class TraceRecorder final : public EngineObserver {
  public:
-  TraceRecorder(Engine& engine, std::unique_ptr<trace::Writer> writer)
-      : engine_(engine), writer_(std::move(writer)), owner_(getpid()) {}
+  TraceRecorder(Engine& engine, std::string path) : engine_(engine), path_(std::move(path)) {}
 
   void on_alloc(const Block& block) override {
     trace::Event ev;
@@ -65,8 +72,16 @@ class TraceRecorder final : public EngineObserver {
     write(ev);
   }
 
-  void close() noexcept {
-    std::lock_guard lock(mutex_);
+  void close(std::chrono::milliseconds wait) noexcept {
+    std::unique_lock lock(mutex_, std::defer_lock);
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (!lock.try_lock()) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        log(LogLevel::error, "SPILLWAY_TRACE: still being written at exit; the trace is left unfinished");
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     if (!writer_) return;
     if (getpid() != owner_) {
       (void)writer_.release();  // a forked child: the parent owns the file and its buffer
@@ -83,6 +98,7 @@ class TraceRecorder final : public EngineObserver {
  private:
   void write(const trace::Event& ev) {
     std::lock_guard lock(mutex_);
+    if (!opened_) open();
     if (!writer_ || getpid() != owner_) return;
     try {
       writer_->write(ev);
@@ -92,10 +108,36 @@ class TraceRecorder final : public EngineObserver {
     }
   }
 
+  // With mutex_ held, once.
+  void open() {
+    opened_ = true;
+    owner_ = getpid();
+    std::string err;
+    const std::string path = claim_output_file(path_, &err);
+    try {
+      if (path.empty()) throw std::runtime_error(err);
+      writer_ = std::make_unique<trace::Writer>(path);
+      nlohmann::json extra = nlohmann::json::object();
+      extra["producer"] = "libspillway.so";
+      extra["policy"] = engine_.config().policy;
+      writer_->write_header("spillway shim (SPILLWAY_TRACE)", extra);
+    } catch (const std::exception& e) {
+      log(LogLevel::error, "cannot record SPILLWAY_TRACE: {}; the program runs without a trace", e.what());
+      writer_.reset();
+      return;
+    }
+    if (path != path_) {
+      log(LogLevel::warn, "SPILLWAY_TRACE: '{}' exists; process {} records its trace to '{}'", path_,
+          static_cast<long>(owner_), path);
+    }
+  }
+
   Engine& engine_;
+  const std::string path_;
   std::mutex mutex_;
+  bool opened_ = false;  // open() has run (in this process or the one it was forked from)
   std::unique_ptr<trace::Writer> writer_;
-  pid_t owner_;
+  pid_t owner_ = 0;
 };
 
 TraceRecorder* g_recorder = nullptr;  // never destroyed: hooks may run while the process exits
@@ -103,23 +145,12 @@ TraceRecorder* g_recorder = nullptr;  // never destroyed: hooks may run while th
 }  // namespace
 
 void install_trace_recorder(Engine& engine, const std::string& path) {
-  std::unique_ptr<trace::Writer> writer;
-  try {
-    writer = std::make_unique<trace::Writer>(path);
-    nlohmann::json extra = nlohmann::json::object();
-    extra["producer"] = "libspillway.so";
-    extra["policy"] = engine.config().policy;
-    writer->write_header("spillway shim (SPILLWAY_TRACE)", extra);
-  } catch (const std::exception& e) {
-    log(LogLevel::error, "cannot record SPILLWAY_TRACE: {}; the program runs without a trace", e.what());
-    return;
-  }
-  g_recorder = new TraceRecorder(engine, std::move(writer));
+  g_recorder = new TraceRecorder(engine, path);
   engine.set_observer(g_recorder);
 }
 
-void close_trace_recorder() noexcept {
-  if (g_recorder != nullptr) g_recorder->close();
+void close_trace_recorder(std::chrono::milliseconds wait) noexcept {
+  if (g_recorder != nullptr) g_recorder->close(wait);
 }
 
 }  // namespace spillway::interpose

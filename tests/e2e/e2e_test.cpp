@@ -258,72 +258,105 @@ TEST(Ipc, ManagedBlockReturnsTheErrorAndLogsOneLineNamingSpillwayExclude) {
 struct CaptureRun {
   RunResult result;
   std::vector<std::string> log;
-  std::string stream, a, b;
+  std::string stream, a, b, c, d;
 };
 
-CaptureRun run_capture(bool shim) {
+CaptureRun run_capture(bool shim, const std::string& mode = "", const Env& extra = {}) {
   CaptureRun c;
   std::string log = temp_dir() + "/fake.log";
-  c.result = program("capture", {}, fake_env(shim, {{"FAKECUDA_LOG", log}}));
+  Env env = fake_env(shim, {{"FAKECUDA_LOG", log}});
+  for (const auto& [k, v] : extra) env[k] = v;
+  c.result = program("capture", mode.empty() ? std::vector<std::string>{} : std::vector<std::string>{mode}, env);
   c.log = split_lines(read_file(log));
   c.stream = field(c.result.out, "stream");
   c.a = field(c.result.out, "A");
   c.b = field(c.result.out, "B");
+  c.c = field(c.result.out, "C");
+  c.d = field(c.result.out, "D");
   return c;
 }
 
 std::string call_name(const std::string& line) { return line.substr(0, line.find(' ')); }
 
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const std::string& l : lines) out += l + "\n";
+  return out;
+}
+
+std::vector<std::string>::const_iterator first_call(const CaptureRun& c, const std::string& prefix) {
+  return std::find_if(c.log.begin(), c.log.end(), [&](auto& l) { return l.rfind(prefix, 0) == 0; });
+}
+
 TEST(StreamCapture, ShimIssuesNothingOnACapturingStream) {
   CaptureRun c = run_capture(true);
   ASSERT_EQ(c.result.status, 0) << describe(c.result);
   ASSERT_FALSE(c.stream.empty());
-  std::set<std::string> on_capturing;
+  // Queries are allowed; of the program's own captured calls, only those of the graph's own
+  // memory B reach the driver (a graph memory node is the driver's); A's free is the shim's.
   for (const std::string& line : c.log) {
-    if (line.find("stream=" + c.stream + " capturing=1") != std::string::npos) on_capturing.insert(call_name(line));
+    if (line.find("stream=" + c.stream + " capturing=1") == std::string::npos) continue;
+    std::string name = call_name(line);
+    bool own_memory_node = (name == "cuMemAllocAsync" && line.find("dptr=" + c.b) != std::string::npos) ||
+                           (name == "cuMemFreeAsync" && line.find("dptr=" + c.b) != std::string::npos);
+    EXPECT_TRUE(name == "cuStreamIsCapturing" || name == "cuStreamEndCapture" || own_memory_node)
+        << line << ": issued on the capturing stream";
   }
-  // Queries are allowed; the program's own captured calls are answered by the shim.
-  for (const std::string& name : on_capturing) {
-    EXPECT_TRUE(name == "cuStreamIsCapturing" || name == "cuStreamEndCapture") << name << " issued on the capturing stream";
-  }
-  auto begin = std::find_if(c.log.begin(), c.log.end(), [](auto& l) { return call_name(l) == "cuStreamBeginCapture_v2"; });
-  auto end = std::find_if(c.log.begin(), c.log.end(), [](auto& l) { return call_name(l) == "cuStreamEndCapture"; });
+  auto begin = first_call(c, "cuStreamBeginCapture_v2");
+  auto end = first_call(c, "cuStreamEndCapture");
   ASSERT_TRUE(begin != c.log.end() && end != c.log.end() && begin < end);
   for (auto it = begin; it != end; ++it) {
     std::string name = call_name(*it);
     EXPECT_TRUE(name != "cuMemFree_v2" && name != "cuEventRecord" && name.rfind("cuMemPrefetchAsync", 0) != 0 &&
-                name != "cuEventSynchronize" && name != "cuStreamSynchronize")
+                name != "cuEventSynchronize" && name != "cuStreamSynchronize" && name != "cuMemAllocManaged")
         << "during capture: " << *it;
   }
 }
 
-TEST(StreamCapture, DeferredFreesAreReleasedAfterCaptureEnds) {
+// Issue 18, item 2: an allocation made inside a capture is a graph memory node, the
+// driver's for the graph's lifetime; a block freed inside a capture is freed by the graph,
+// when it runs. Neither may be reused while a graph exec that uses it can still run.
+TEST(StreamCapture, CapturedAllocationIsTheDriversGraphMemory) {
   CaptureRun c = run_capture(true);
   ASSERT_EQ(c.result.status, 0) << describe(c.result);
-  auto end = std::find_if(c.log.begin(), c.log.end(), [](auto& l) { return call_name(l) == "cuStreamEndCapture"; });
-  ASSERT_NE(end, c.log.end());
-  for (const std::string& p : {c.a, c.b}) {
-    ASSERT_FALSE(p.empty());
-    auto freed = std::find_if(c.log.begin(), c.log.end(),
-                              [&](auto& l) { return l.rfind("cuMemFree_v2 dptr=" + p + " ", 0) == 0; });
-    ASSERT_NE(freed, c.log.end()) << p << " never released";
-    EXPECT_GT(freed, end) << p << " released before the capture ended";
-    EXPECT_NE(freed->find("-> 0"), std::string::npos) << *freed;
+  // A (allocated before the capture) is made managed; B (captured) reaches the driver's own
+  // cuMemAllocAsync on the capturing stream, and so does its captured free.
+  std::vector<std::string> allocs, managed;
+  for (const std::string& l : c.log) {
+    if (call_name(l) == "cuMemAllocAsync") allocs.push_back(l);
+    if (call_name(l) == "cuMemAllocManaged" && l.find("bytesize=1048576 ") != std::string::npos) managed.push_back(l);
   }
+  ASSERT_EQ(allocs.size(), 1u) << join_lines(c.log);
+  EXPECT_NE(allocs[0].find("capturing=1"), std::string::npos) << allocs[0];
+  EXPECT_NE(allocs[0].find("dptr=" + c.b), std::string::npos) << allocs[0];
+  ASSERT_EQ(managed.size(), 1u) << join_lines(c.log);
+  EXPECT_NE(managed[0].find("dptr=" + c.a), std::string::npos) << managed[0];
+  EXPECT_NE(first_call(c, "cuMemFreeAsync dptr=" + c.b + " "), c.log.end()) << "B's captured free is the driver's";
 }
 
-// A stream-ordered free deferred during capture must still be released when the program
-// destroys the stream right after the capture (the Engine settles it before the destroy).
-TEST(StreamCapture, DeferredFreesAreReleasedWhenTheStreamIsDestroyedAfterCapture) {
-  std::string log = temp_dir() + "/fake.log";
-  std::string report = temp_dir() + "/r.json";
-  RunResult r = program("capture", {"destroy_first"}, fake_env(true, {{"FAKECUDA_LOG", log}, {"SPILLWAY_REPORT", report}}));
-  ASSERT_EQ(r.status, 0) << describe(r);
-  std::string text = read_file(log);
-  EXPECT_EQ(lines_with(text, "cuMemFree_v2 dptr=" + field(r.out, "A") + " -> 0").size(), 1u);
-  EXPECT_EQ(lines_with(text, "cuMemFree_v2 dptr=" + field(r.out, "B") + " -> 0").size(), 1u);
-  nlohmann::json j = read_report(report);
-  EXPECT_EQ(j["bytes"]["managed_now"], 0) << j.dump();
+TEST(StreamCapture, BlockFreedInACaptureStaysLiveUntilTheGraphRuns) {
+  CaptureRun c = run_capture(true, "launch");
+  ASSERT_EQ(c.result.status, 0) << describe(c.result);
+  ASSERT_FALSE(c.a.empty());
+  EXPECT_NE(c.c, c.a) << "A was reused before the graph that frees it ran";
+  auto launch = first_call(c, "cuGraphLaunch");
+  auto freed = first_call(c, "cuMemFree_v2 dptr=" + c.a + " ");
+  ASSERT_NE(launch, c.log.end());
+  ASSERT_NE(freed, c.log.end()) << "A is released once the graph has run";
+  EXPECT_GT(freed, launch) << *freed;
+  EXPECT_NE(freed->find("-> 0"), std::string::npos) << *freed;
+}
+
+TEST(StreamCapture, BlockFreedInAGraphNeverLaunchedIsNeverFreed) {
+  // As with the driver's own free nodes: a graph that never runs frees nothing.
+  for (const char* mode : {"", "destroy_first"}) {
+    std::string report = temp_dir() + "/r.json";
+    CaptureRun c = run_capture(true, mode, {{"SPILLWAY_REPORT", report}});
+    ASSERT_EQ(c.result.status, 0) << describe(c.result);
+    EXPECT_EQ(first_call(c, "cuMemFree_v2 dptr=" + c.a + " "), c.log.end()) << mode;
+    nlohmann::json j = read_report(report);
+    EXPECT_EQ(j["bytes"]["managed_now"], 1 << 20) << mode << ": " << j.dump();
+  }
 }
 
 TEST(StreamCapture, LogShowsTheProgramsCapturedCallsWithoutShim) {

@@ -569,6 +569,24 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   });
 }
 
+// The fake has only the primary context, which cuCtxDestroy does not take.
+CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
+  return api("cuCtxDestroy_v2", "cuCtxDestroy", kNone, [&](Call& c) {
+    c.ptr("ctx", ctx);
+    FC_CHECK(c);
+    return CUDA_ERROR_INVALID_CONTEXT;
+  });
+}
+
+// Resets nothing: the fake keeps allocations and modules (left out, README).
+CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return api("cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", kNone, [&](Call& c) {
+    c.sdec("dev", dev);
+    FC_CHECK(c);
+    return check_device(dev);
+  });
+}
+
 CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
   return api("cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxGetState", kNone, [&](Call& c) {
     c.sdec("dev", dev);
@@ -1174,6 +1192,55 @@ CUresult CUDAAPI cuModuleUnload(CUmodule module) {
     if (!module) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_module(module)) return CUDA_ERROR_INVALID_HANDLE;
     auto* m = reinterpret_cast<Module*>(module);
+    unregister_module(m);
+    delete m;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Libraries (CUDA 12+): the same modules under a context-independent handle; a CUkernel is
+// the Function itself, so cuLaunchKernel and cuFuncGetParamInfo accept it as a CUfunction.
+CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**, unsigned int,
+                                   CUlibraryOption*, void**, unsigned int) {
+  return api("cuLibraryLoadData", "cuLibraryLoadData", kCtx, [&](Call& c) {
+    FC_CHECK(c);
+    if (!library || !code) return CUDA_ERROR_INVALID_VALUE;
+    auto* m = new Module;
+    if (!parse_module(static_cast<const char*>(code), m)) {
+      delete m;
+      return CUDA_ERROR_INVALID_IMAGE;
+    }
+    register_module(m);
+    *library = reinterpret_cast<CUlibrary>(m);
+    c.ptr("library", *library).dec("functions", m->functions.size());
+    return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
+  return api("cuLibraryGetKernel", "cuLibraryGetKernel", kCtx, [&](Call& c) {
+    c.ptr("library", library).str("name", name);
+    FC_CHECK(c);
+    if (!kernel || !library || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_module(reinterpret_cast<CUmodule>(library))) return CUDA_ERROR_INVALID_HANDLE;
+    for (const Function& f : reinterpret_cast<Module*>(library)->functions) {
+      if (f.name == name) {
+        *kernel = reinterpret_cast<CUkernel>(const_cast<Function*>(&f));
+        c.ptr("kernel", *kernel);
+        return CUDA_SUCCESS;
+      }
+    }
+    return CUDA_ERROR_NOT_FOUND;
+  });
+}
+
+CUresult CUDAAPI cuLibraryUnload(CUlibrary library) {
+  return api("cuLibraryUnload", "cuLibraryUnload", kCtx, [&](Call& c) {
+    c.ptr("library", library);
+    FC_CHECK(c);
+    if (!library) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_module(reinterpret_cast<CUmodule>(library))) return CUDA_ERROR_INVALID_HANDLE;
+    auto* m = reinterpret_cast<Module*>(library);
     unregister_module(m);
     delete m;
     return CUDA_SUCCESS;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -245,21 +246,33 @@ class LiveBlocksBackend final : public test_support::InstantBackend {
  public:
   explicit LiveBlocksBackend(std::uint64_t gpu_bytes) : InstantBackend(gpu_bytes) {}
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
+    std::lock_guard lock(mutex);
     InstantBackend::allocate_managed(bytes, addr);
     live[*addr] = *addr + bytes;
     return {};
   }
   Result free_managed(std::uint64_t addr) override {
-    live.erase(addr);
+    {
+      std::lock_guard lock(mutex);
+      live.erase(addr);
+    }
     run(in_free);
     return {};
   }
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) override {
+    check(addr, bytes, to);
+    run(in_prefetch);
+    return {};
+  }
+  Result advise(std::uint64_t addr, std::uint64_t bytes, Advice, Location where, int) override {
+    check(addr, bytes, where);
+    return {};
+  }
+  void check(std::uint64_t addr, std::uint64_t bytes, Location to) {
+    std::lock_guard lock(mutex);
     bool inside = false;
     for (const auto& [base, end] : live) inside = inside || (base <= addr && addr + bytes <= end);
     if (!inside) dead.push_back({addr, bytes, to});
-    run(in_prefetch);
-    return {};
   }
   static void run(std::function<void()>& once) {
     if (!once) return;
@@ -267,6 +280,7 @@ class LiveBlocksBackend final : public test_support::InstantBackend {
     once = nullptr;
     f();
   }
+  std::mutex mutex;                              // guards live and dead
   std::map<std::uint64_t, std::uint64_t> live;  // base -> end
   std::vector<Call> dead;
   std::function<void()> in_free, in_prefetch;
@@ -304,14 +318,61 @@ TEST(EngineLaunch, NoMoveReachesTheDriverForABlockFreedMeanwhile) {
     for (std::uint64_t* b : {&x, &y, &z, &w}) ASSERT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, b).ok());
     launch(engine, seq, {{x, kChunkBytes, false}});
     launch(engine, seq, {{y, kChunkBytes, false}});
-    bool freed = false;
+    // Another thread frees y while the first move is being issued; its free waits until no
+    // move that may name y is being issued, and the moves issued after it skip y.
+    std::atomic<bool> freed{false};
+    std::thread releaser;
     backend.in_prefetch = [&] {
-      bool ours = false;
-      freed = engine.release(y, std::nullopt, &ours).ok() && ours;
+      releaser = std::thread([&] {
+        bool ours = false;
+        freed = engine.release(y, std::nullopt, &ours).ok() && ours;
+      });
     };
     launch(engine, seq, {{z, kChunkBytes, false}, {w, kChunkBytes, false}});  // evicts x, then y
+    releaser.join();
     EXPECT_TRUE(freed);
     for (const Call& call : backend.dead) ADD_FAILURE() << "moved freed " << std::hex << call.addr << " +" << call.bytes;
+  }
+}
+
+// Issue 18, item 9: threads allocating, launching and freeing at once. Whatever the
+// interleaving — a table check passed just before another thread's free, a plan carried out
+// after it — no prefetch or advice may reach the Backend for a range already freed.
+TEST(EngineLaunch, NoMoveOrAdviceReachesTheBackendForAFreedRangeUnderThreads) {
+  for (const char* policy : {"learned", "sequential", "advise"}) {
+    LiveBlocksBackend backend(3 * kChunkBytes);
+    Engine engine(Config{}, backend, make_policy(policy));
+    std::uint64_t shared = 0;
+    ASSERT_TRUE(engine.allocate(2 * kChunkBytes, AllocKind::alloc, 0, &shared).ok());
+    std::atomic<std::uint64_t> seq{0};
+    auto worker = [&](int t) {
+      for (int i = 0; i < 1500; ++i) {
+        std::uint64_t a = 0, b = 0;
+        if (!engine.allocate(kChunkBytes, AllocKind::alloc, 0, &a).ok()) return;
+        if (!engine.allocate(kChunkBytes / 2, AllocKind::alloc, 0, &b).ok()) return;
+        std::vector<Access> acc{{a, kChunkBytes, false}, {b, kChunkBytes / 2, false},
+                                {shared + (i % 2) * kChunkBytes, kChunkBytes, false}};
+        Launch l;
+        l.seq = seq.fetch_add(1);
+        l.name = t % 2 ? "odd" : "even";
+        l.exec_id = static_cast<std::uint64_t>(t * 7 + i % 5);
+        l.accesses = acc;
+        engine.launch(l);
+        bool ours = false;
+        engine.release(a, std::nullopt, &ours);
+        l.seq = seq.fetch_add(1);
+        l.accesses = std::span<const Access>(acc).subspan(1);
+        engine.launch(l);
+        engine.release(b, t % 2 ? std::optional<StreamHandle>(0x5000) : std::nullopt, &ours);
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+    for (std::thread& t : threads) t.join();
+    engine.reclaim(true);
+    std::lock_guard lock(backend.mutex);
+    EXPECT_TRUE(backend.dead.empty()) << policy << ": " << backend.dead.size() << " calls named a freed range, first "
+                                      << std::hex << backend.dead.front().addr;
   }
 }
 

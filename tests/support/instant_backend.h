@@ -32,7 +32,10 @@ class InstantBackend : public Backend {
   Result free_managed(std::uint64_t) override { return {}; }
   Result prefetch(std::uint64_t, std::uint64_t, Location, int) override { return {}; }
   Result advise(std::uint64_t, std::uint64_t, Advice, Location, int) override { return {}; }
-  bool is_capturing(StreamHandle) override { return false; }
+  Result capture_status(StreamHandle, bool* capturing) override {
+    *capturing = false;
+    return Result{};
+  }
   Result record_event(StreamHandle, EventHandle* event) override {
     *event = 1;
     return {};

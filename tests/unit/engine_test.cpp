@@ -42,7 +42,7 @@ class MockBackend : public Backend {
   MOCK_METHOD(Result, free_managed, (std::uint64_t), (override));
   MOCK_METHOD(Result, prefetch, (std::uint64_t, std::uint64_t, Location, int), (override));
   MOCK_METHOD(Result, advise, (std::uint64_t, std::uint64_t, Advice, Location, int), (override));
-  MOCK_METHOD(bool, is_capturing, (StreamHandle), (override));
+  MOCK_METHOD(Result, capture_status, (StreamHandle, bool*), (override));
   MOCK_METHOD(Result, record_event, (StreamHandle, EventHandle*), (override));
   MOCK_METHOD(Result, event_done, (EventHandle), (override));
   MOCK_METHOD(void, destroy_event, (EventHandle), (override));
@@ -70,7 +70,7 @@ class EngineTest : public ::testing::Test {
     ON_CALL(backend, free_managed(_)).WillByDefault(Return(ok()));
     ON_CALL(backend, prefetch(_, _, _, _)).WillByDefault(Return(ok()));
     ON_CALL(backend, advise(_, _, _, _, _)).WillByDefault(Return(ok()));
-    ON_CALL(backend, is_capturing(_)).WillByDefault(Return(false));
+    ON_CALL(backend, capture_status(_, _)).WillByDefault(DoAll(SetArgPointee<1>(false), Return(ok())));
     ON_CALL(backend, record_event(_, _)).WillByDefault(DoAll(SetArgPointee<1>(kEvent), Return(ok())));
     ON_CALL(backend, event_done(_)).WillByDefault(Return(ok()));
     ON_CALL(backend, wait_event(_)).WillByDefault(Return(ok()));
@@ -249,7 +249,10 @@ TEST_F(EngineTest, FreeOnCapturingStreamIssuesNothingOnItUntilCaptureEnds) {
   auto e = MakeEngine({{"SPILLWAY_POLICY", "advise"}});
   std::uint64_t a = Allocate(*e, MiB, kStream);
   bool capturing = true;
-  ON_CALL(backend, is_capturing(kStream)).WillByDefault(Invoke([&](StreamHandle) { return capturing; }));
+  ON_CALL(backend, capture_status(kStream, _)).WillByDefault(Invoke([&](StreamHandle, bool* c) {
+    *c = capturing;
+    return ok();
+  }));
   EXPECT_CALL(backend, record_event(kStream, _)).Times(0);
   EXPECT_CALL(backend, prefetch(_, _, _, _)).Times(0);
   EXPECT_CALL(backend, free_managed(a)).Times(0);
@@ -432,7 +435,10 @@ class CountingBackend final : public Backend {
   }
   Result prefetch(std::uint64_t, std::uint64_t, Location, int) override { return {}; }
   Result advise(std::uint64_t, std::uint64_t, Advice, Location, int) override { return {}; }
-  bool is_capturing(StreamHandle) override { return false; }
+  Result capture_status(StreamHandle, bool* capturing) override {
+    *capturing = false;
+    return {};
+  }
   Result record_event(StreamHandle, EventHandle* e) override {
     *e = 1;
     return {};

@@ -158,6 +158,74 @@ class Engine::Residency final : public VictimQuery {
   std::uint32_t head_ = kNil, tail_ = kNil;
 };
 
+// engine.h, "IssueSection". Entering reads the epoch, counts itself in that epoch's slot and
+// checks that the epoch has not moved meanwhile (else it counts itself again in the new one).
+class Engine::IssueSection {
+ public:
+  explicit IssueSection(Engine& e) : e_(e) {
+    for (;;) {
+      const std::uint64_t epoch = e_.issue_epoch_.load();
+      slot_ = static_cast<unsigned>(epoch & 1);
+      e_.issuing_[slot_].fetch_add(1);
+      if (e_.issue_epoch_.load() == epoch) return;
+      e_.issuing_[slot_].fetch_sub(1);
+    }
+  }
+  ~IssueSection() { e_.issuing_[slot_].fetch_sub(1); }
+  IssueSection(const IssueSection&) = delete;
+  IssueSection& operator=(const IssueSection&) = delete;
+
+ private:
+  Engine& e_;
+  unsigned slot_ = 0;
+};
+
+void Engine::wait_for_issuers() {
+  // (The caller's block has left the table: a section that could still name it is counted
+  // now. None counted: none can.)
+  if (issuing_[0].load() == 0 && issuing_[1].load() == 0) return;
+  std::lock_guard lock(grace_mutex_);
+  const std::uint64_t old = issue_epoch_.fetch_add(1);
+  // Sections of the epoch before `old` were waited for by the previous flip; those entered
+  // from now on count in the other slot. A section is a few driver calls that enqueue work.
+  for (int spins = 0; issuing_[old & 1].load() != 0; ++spins) {
+    if (spins < 1024) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void Engine::send_checked(const Action& a, int device) {
+  Result r;
+  {
+    IssueSection section(*this);
+    std::optional<Block> b = table_.find(a.addr);
+    if (!b || a.bytes == 0 || a.bytes > b->end() - a.addr) return;  // not inside one live block (freed meanwhile)
+    r = send(backend_, a, device);
+  }
+  count_action(a, r);
+}
+
+bool Engine::claim_release(std::uint64_t addr, std::uint64_t id) {
+  std::lock_guard lock(releasing_mutex_);
+  if (!releasing_.try_emplace(addr, id).second) return false;
+  releasing_count_.fetch_add(1);
+  return true;
+}
+
+void Engine::end_release(std::uint64_t addr, std::uint64_t id) {
+  std::lock_guard lock(releasing_mutex_);
+  auto it = releasing_.find(addr);
+  if (it == releasing_.end() || it->second != id) return;  // (a block allocated there since dropped it)
+  releasing_.erase(it);
+  releasing_count_.fetch_sub(1);
+}
+
+bool Engine::being_released(std::uint64_t addr) {
+  if (releasing_count_.load() == 0) return false;
+  std::lock_guard lock(releasing_mutex_);
+  return releasing_.count(addr) != 0;
+}
+
 Engine::Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy)
     : config_(std::move(config)), backend_(backend), policy_(std::move(policy)), residency_(std::make_unique<Residency>()) {
   counters_.policy = std::string(policy_->name());
@@ -232,6 +300,11 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
     unreserve(bytes);
     return r;
   }
+  if (releasing_count_.load() != 0) {
+    // The driver has freed a block here, and its releaser has not dropped its claim yet.
+    std::lock_guard lock(releasing_mutex_);
+    if (releasing_.erase(base) != 0) releasing_count_.fetch_sub(1);
+  }
   Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device_};
   if (!table_.insert(block)) {
     // The driver handed out a range we still hold: our table is wrong. Keep the program
@@ -259,9 +332,7 @@ void Engine::run_policy_alloc(const Block& block) {
     if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_alloc(block);
     policy_->on_alloc(block, actions);
   }
-  for (const Action& a : actions.list) {
-    count_action(a, send(backend_, a, block.device));
-  }
+  for (const Action& a : actions.list) send_checked(a, block.device);  // (the block may be freed already)
 }
 
 void Engine::count_action(const Action& a, const Result& r) {
@@ -400,7 +471,7 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
                        std::uint64_t frees_at_plan) {
   for (const Action& a : actions.list) {
     if (planned && a.kind == Action::Kind::prefetch) continue;  // went through the plan
-    count_action(a, send(backend_, a, device_));
+    send_checked(a, device_);
   }
   // Runs of adjacent chunks moving the same way become one Backend call, clipped to the
   // block that holds them. A run is cut where the block its moves know changes (it would be
@@ -417,6 +488,7 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
     // one known block covers wholly is one piece: no table look-up.
     std::uint64_t addr = moves[i].chunk * kChunkBytes;
     const std::uint64_t end = (moves[j - 1].chunk + 1) * kChunkBytes;
+    IssueSection section(*this);  // the checks below hold until the calls are made
     if (one_block && moves[i].base <= addr && moves[i].end >= end && frees_started_.load() == frees_at_plan) {
       Result r = backend_.prefetch(addr, end - addr, moves[i].to, device_);
       std::lock_guard lock(mutex_);
@@ -540,9 +612,26 @@ std::uint64_t Engine::planned_resident_chunks() const {
 }
 
 Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours) {
+  std::optional<Block> live = table_.find_base(addr);
+  if (!live) {
+    // Not a live block; if it is being released (by another thread now, or stream-ordered
+    // and pending), the driver must not free it a second time.
+    *ours = being_released(addr);
+    return *ours ? Result{Status::invalid_value, 0} : Result{};
+  }
+  *ours = true;
+  bool capturing = false;
+  if (stream) {
+    // Never guess the state of a stream the driver does not know: its own error, block kept.
+    if (Result st = backend_.capture_status(*stream, &capturing); !st.ok()) return st;
+  }
+  if (!claim_release(addr, live->id)) return Result{Status::invalid_value, 0};  // another thread frees it
   std::optional<Block> block = table_.erase(addr);
-  *ours = block.has_value();
-  if (!block) return Result{};
+  if (!block) {  // (cannot happen while every erase holds a claim)
+    end_release(addr, live->id);
+    *ours = false;
+    return Result{};
+  }
   // From here until the block's chunks have left the plan, a plan may still move them: such
   // plans check their blocks in the table when carried out (frees_at_plan). (One carried out
   // before this count moves, moves them before the driver frees the block: no harm.)
@@ -552,20 +641,23 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     ~Done() { done.fetch_add(1); }
   } done{frees_done_};
   if (!stream) {
+    wait_for_issuers();
     Result r = backend_.free_managed(addr);
     if (!r.ok()) {
       // The driver still holds the block: keep it ours, so that the program can free it again.
       table_.insert(*block);
+      end_release(addr, block->id);
       return r;
     }
+    end_release(addr, block->id);
     run_policy_free(*block);
     finish_release(addr, block->bytes, false);
     if (has_pending_.load(std::memory_order_relaxed)) reclaim(false);
     return r;
   }
   run_policy_free(*block);
-  PendingFree pending{addr, block->bytes, *stream, 0};
-  if (!backend_.is_capturing(*stream)) {
+  PendingFree pending{addr, block->bytes, block->id, *stream, 0};
+  if (!capturing) {
     Result r = backend_.record_event(*stream, &pending.event);
     if (!r.ok()) {
       // Without an event we cannot order the release after the stream's work: wait for it.
@@ -599,7 +691,8 @@ void Engine::stream_destroyed(StreamHandle stream) {
     pending_.erase(std::remove_if(pending_.begin(), pending_.end(), waiting), pending_.end());
   }
   for (PendingFree& p : orphans) {
-    if (!backend_.is_capturing(stream) && backend_.record_event(stream, &p.event).ok()) {
+    bool capturing = false;
+    if (backend_.capture_status(stream, &capturing).ok() && !capturing && backend_.record_event(stream, &p.event).ok()) {
       std::lock_guard lock(mutex_);
       pending_.push_back(p);
       has_pending_.store(true, std::memory_order_relaxed);
@@ -612,8 +705,10 @@ void Engine::stream_destroyed(StreamHandle stream) {
 void Engine::release_deferred(PendingFree& p) {
   // A release the driver refuses is tried once more at once, then again at later reclaims:
   // the block must not be dropped while the driver still holds it.
+  wait_for_issuers();
   for (int i = 0; i < 2; ++i) {
     if (backend_.free_managed(p.addr).ok()) {
+      end_release(p.addr, p.id);
       finish_release(p.addr, p.bytes, true);
       return;
     }
@@ -623,6 +718,7 @@ void Engine::release_deferred(PendingFree& p) {
   if (++p.failed_attempts >= kMaxReleaseAttempts) {
     log(LogLevel::warn, "the driver refused {} times to release managed block {:#x} ({}); it stays allocated",
         2 * kMaxReleaseAttempts, p.addr, format_bytes(p.bytes));
+    end_release(p.addr, p.id);  // the driver's own: a later free of it is the driver's to answer
     return;
   }
   p.event = 0;
@@ -646,11 +742,14 @@ void Engine::reclaim(bool wait) {
       continue;
     }
     if (p.event == 0) {
-      if (backend_.is_capturing(p.stream)) {
+      bool capturing = false;
+      Result st = backend_.capture_status(p.stream, &capturing);
+      if (st.ok() && capturing) {
         keep.push_back(p);  // nothing may be issued on a capturing stream
         continue;
       }
-      if (!backend_.record_event(p.stream, &p.event).ok()) p.event = 0;
+      // (A stream the driver no longer knows has no work left to wait for: no event, plain free.)
+      if (!st.ok() || !backend_.record_event(p.stream, &p.event).ok()) p.event = 0;
     }
     bool done = false;
     if (p.event == 0) {
@@ -681,6 +780,20 @@ void Engine::note_passed_through(bool excluded) {
 
 Stats Engine::stats() const {
   std::lock_guard lock(mutex_);
+  return stats_locked();
+}
+
+std::optional<Stats> Engine::stats_within(std::chrono::milliseconds wait) const {
+  std::unique_lock lock(mutex_, std::defer_lock);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (!lock.try_lock()) {
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return stats_locked();
+}
+
+Stats Engine::stats_locked() const {
   Stats s = counters_;
   s.managed_bytes = managed_bytes();
   s.peak_managed_bytes = peak_managed_.load(std::memory_order_relaxed);

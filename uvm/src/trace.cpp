@@ -3,7 +3,9 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 
@@ -47,18 +49,118 @@ const char* to_string(EventKind kind) {
   return "?";
 }
 
-Reader::Reader(const std::string& path) : path_(path), buffer_(kReadChunk) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr) throw TraceError(path, 0, fmt::format("cannot open: {}", std::strerror(errno != 0 ? errno : ENOENT)));
-  gz_ = f;
-  gzbuffer(f, 1 << 17);
-  try {
-    read_header();
-  } catch (...) {
-    gzclose(f);  // the destructor does not run when the constructor throws
-    gz_ = nullptr;
-    throw;
+// The bytes of a trace file. Plain files are read as they are; gzip files (magic 1f 8b)
+// through zlib's inflate, member after member, so that what gzread passes over in silence —
+// bytes after the last member that do not start another one (two processes writing one
+// file), a member without its trailer (a writer that never closed) — is an error naming the
+// byte offset where it is. Errors are std::runtime_error with the message alone.
+class ByteSource {
+ public:
+  explicit ByteSource(std::FILE* f) : f_(f), in_(kReadChunk) {
+    gzip_ = byte_at(0) == 0x1f && byte_at(1) == 0x8b;
+    if (gzip_ && inflateInit2(&zs_, 16 + MAX_WBITS) != Z_OK) {
+      std::fclose(f_);
+      throw std::runtime_error("cannot start zlib's inflate");
+    }
   }
+  ~ByteSource() {
+    if (gzip_) inflateEnd(&zs_);
+    std::fclose(f_);
+  }
+  ByteSource(const ByteSource&) = delete;
+  ByteSource& operator=(const ByteSource&) = delete;
+
+  // Up to `n` bytes into `out`; 0 at the end of the file.
+  std::size_t read(char* out, std::size_t n) {
+    if (!gzip_) {
+      if (pos_ == end_ && !refill()) return 0;
+      const std::size_t k = std::min(n, end_ - pos_);
+      std::memcpy(out, in_.data() + pos_, k);
+      pos_ += k;
+      return k;
+    }
+    for (;;) {
+      if (member_ended_) {
+        if (byte_at(0) < 0) return 0;  // the end, after a whole member
+        if (byte_at(0) != 0x1f || byte_at(1) != 0x8b) {
+          throw std::runtime_error(fmt::format(
+              "damaged gzip stream: the compressed data end at byte {}, and the bytes after them are not another gzip "
+              "member (two writers in one file?)",
+              offset()));
+        }
+        inflateReset(&zs_);
+        member_ended_ = false;
+      }
+      if (pos_ == end_ && !refill()) {
+        throw std::runtime_error(
+            fmt::format("truncated gzip stream: the file ends at byte {} inside compressed data (a writer that never "
+                        "closed it?)",
+                        offset()));
+      }
+      zs_.next_in = reinterpret_cast<Bytef*>(in_.data() + pos_);
+      zs_.avail_in = static_cast<uInt>(end_ - pos_);
+      zs_.next_out = reinterpret_cast<Bytef*>(out);
+      zs_.avail_out = static_cast<uInt>(n);
+      const int rc = inflate(&zs_, Z_NO_FLUSH);
+      pos_ = end_ - zs_.avail_in;
+      const std::size_t produced = n - zs_.avail_out;
+      if (rc == Z_STREAM_END) {
+        member_ended_ = true;
+      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        throw std::runtime_error(fmt::format("corrupt gzip data near byte {}: {}", offset(),
+                                             zs_.msg != nullptr ? zs_.msg : "inflate failed"));
+      }
+      if (produced > 0) return produced;
+    }
+  }
+
+ private:
+  // Keeps the unread bytes and reads more after them; false at the end of the file.
+  bool refill() {
+    if (pos_ > 0) {
+      std::memmove(in_.data(), in_.data() + pos_, end_ - pos_);
+      consumed_ += pos_;
+      end_ -= pos_;
+      pos_ = 0;
+    }
+    if (end_ == in_.size() || eof_) return false;
+    const std::size_t got = std::fread(in_.data() + end_, 1, in_.size() - end_, f_);
+    if (got == 0) {
+      if (std::ferror(f_)) throw std::runtime_error(fmt::format("cannot read at byte {}: {}", offset(), std::strerror(errno)));
+      eof_ = true;
+      return false;
+    }
+    end_ += got;
+    return true;
+  }
+  // The unread byte `k` ahead, or -1 past the end of the file.
+  int byte_at(std::size_t k) {
+    while (pos_ + k >= end_) {
+      if (!refill()) return -1;
+    }
+    return static_cast<unsigned char>(in_[pos_ + k]);
+  }
+  std::uint64_t offset() const { return consumed_ + pos_; }
+
+  std::FILE* f_;
+  std::vector<char> in_;
+  std::size_t pos_ = 0, end_ = 0;  // unread input: in_[pos_, end_)
+  std::uint64_t consumed_ = 0;     // file bytes before in_[0]
+  bool eof_ = false;
+  bool gzip_ = false;
+  bool member_ended_ = false;
+  z_stream zs_{};
+};
+
+Reader::Reader(const std::string& path) : path_(path), buffer_(kReadChunk) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) throw TraceError(path, 0, fmt::format("cannot open: {}", std::strerror(errno != 0 ? errno : ENOENT)));
+  try {
+    source_ = std::make_unique<ByteSource>(f);
+  } catch (const std::exception& e) {
+    throw TraceError(path, 0, e.what());
+  }
+  read_header();
 }
 
 void Reader::read_header() {
@@ -87,9 +189,7 @@ void Reader::read_header() {
   header_ = std::move(h);
 }
 
-Reader::~Reader() {
-  if (gz_ != nullptr) gzclose(static_cast<gzFile>(gz_));
-}
+Reader::~Reader() = default;
 
 void Reader::fail(const std::string& message) const { throw TraceError(path_, line_, message); }
 
@@ -114,24 +214,16 @@ bool Reader::read_line(std::string& line) {
       ++line_;
       return true;  // last line without a newline
     }
-    int n = gzread(static_cast<gzFile>(gz_), buffer_.data(), static_cast<unsigned>(buffer_.size()));
-    if (n < 0) {
-      int code = 0;
-      const char* msg = gzerror(static_cast<gzFile>(gz_), &code);
+    std::size_t n = 0;
+    try {
+      n = source_->read(buffer_.data(), buffer_.size());
+    } catch (const std::exception& e) {
       ++line_;
-      fail(fmt::format("cannot read (corrupt or truncated file): {}", msg != nullptr ? msg : "read error"));
+      fail(e.what());
     }
-    if (n == 0) {
-      int code = 0;
-      const char* msg = gzerror(static_cast<gzFile>(gz_), &code);
-      if (code != Z_OK && code != Z_STREAM_END) {
-        ++line_;
-        fail(fmt::format("truncated or corrupt file: {}", msg != nullptr ? msg : "read error"));
-      }
-      eof_ = true;
-    }
+    if (n == 0) eof_ = true;
     buffer_pos_ = 0;
-    buffer_end_ = static_cast<std::size_t>(n);
+    buffer_end_ = n;
   }
 }
 

@@ -37,11 +37,14 @@ class Backend {
   // Sets or clears advice on [addr, addr+bytes) (cuMemAdvise).
   virtual Result advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) = 0;
 
-  // Stream ordering for deferred frees. is_capturing: whether `stream` is being captured
-  // into a graph (then nothing may be issued on it). record_event: an event that completes
-  // when the work issued to `stream` so far completes. event_done: true once it has;
-  // Status::not_ready while pending. destroy_event: releases it.
-  virtual bool is_capturing(StreamHandle stream) = 0;
+  // Stream ordering for deferred frees. capture_status: sets *capturing to whether `stream`
+  // is being captured into a graph (then nothing may be issued on it; an invalidated capture
+  // counts until it ends); an error (a destroyed or unknown stream: the driver's own code in
+  // Result::native) leaves *capturing unset and says nothing about the stream's state.
+  // record_event: an event that completes when the work issued to `stream` so far
+  // completes. event_done: true once it has; Status::not_ready while pending.
+  // destroy_event: releases it.
+  virtual Result capture_status(StreamHandle stream, bool* capturing) = 0;
   virtual Result record_event(StreamHandle stream, EventHandle* event) = 0;
   virtual Result event_done(EventHandle event) = 0;
   virtual void destroy_event(EventHandle event) = 0;

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -84,7 +86,13 @@ class Engine {
   // stream-ordered (cuMemFreeAsync): it waits for an event recorded on that stream, and
   // while the stream is capturing nothing is issued on it (the event is recorded once
   // capture has ended). *ours is false when `addr` is no block of ours: the caller passes
-  // the call through untouched. Thread-safe.
+  // the call through untouched. Errors, with *ours true: a stream the Backend does not know
+  // (its own error, from capture_status; the block stays live, so the program can free it
+  // again); a block another thread is releasing at the same time, or whose stream-ordered
+  // release is still pending (Status::invalid_value, as the driver answers a second free:
+  // exactly one of two concurrent frees succeeds, and a block the shim still holds never
+  // reaches the driver's free twice). The Backend's free of the block waits until no move or
+  // advice that may name it is still being issued (wait_for_issuers). Thread-safe.
   Result release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours);
 
   // The live block containing `addr`. Thread-safe, allocation-free.
@@ -157,11 +165,16 @@ class Engine {
   std::size_t live_blocks() const { return table_.size(); }
 
   Stats stats() const;
+  // The same, unless the Engine's lock stays taken for `wait`: then nullopt. For exit-time
+  // reports, which may run in a thread that holds the lock itself (exit() from a signal
+  // handler that interrupted a launch) and must never wait forever. Thread-safe.
+  std::optional<Stats> stats_within(std::chrono::milliseconds wait) const;
 
  private:
   struct PendingFree {
     std::uint64_t addr;
     std::uint64_t bytes;
+    std::uint64_t id;  // the block's, for its release claim
     StreamHandle stream;
     EventHandle event;  // 0 while the stream was capturing
     bool retry = false;       // the driver refused the release: try it again
@@ -200,11 +213,29 @@ class Engine {
                  std::uint64_t frees_at_plan = kFreeInProgress);
   std::uint64_t frees_at_plan() const;  // for carry_out(); with mutex_ held
 
+  // Every Backend call that names a block's range (a move or a Policy's prefetch or advice)
+  // runs inside an IssueSection and checks there that the range is still in a live block;
+  // a block's Backend free first leaves the table, then waits until every section that
+  // could have seen it has ended (wait_for_issuers). So no such call reaches the Backend for
+  // a range already freed, whatever the interleaving of threads. (An epoch with two
+  // counters: sections entered before a wait's flip are waited for, later ones cannot find
+  // the block.)
+  class IssueSection;
+  void wait_for_issuers();
+  // A Policy's action, sent inside an IssueSection if its range lies in one live block.
+  void send_checked(const Action& action, int device);
+  // Release claims (release()): one per block between leaving the table and the Backend's
+  // free, keyed by base.
+  bool claim_release(std::uint64_t addr, std::uint64_t id);
+  void end_release(std::uint64_t addr, std::uint64_t id);
+  bool being_released(std::uint64_t addr);
+
   bool reserve(std::uint64_t bytes);
   void unreserve(std::uint64_t bytes);
   void finish_release(std::uint64_t addr, std::uint64_t bytes, bool deferred);
   void run_policy_alloc(const Block& block);
   void run_policy_free(const Block& block);
+  Stats stats_locked() const;  // with mutex_ held
 
   Config config_;
   Backend& backend_;
@@ -232,6 +263,13 @@ class Engine {
   std::atomic<std::uint64_t> lo_{~0ull};
   std::atomic<std::uint64_t> hi_{0};
   std::atomic<EngineObserver*> observer_{nullptr};
+
+  std::atomic<std::uint64_t> issue_epoch_{0};
+  std::atomic<std::uint64_t> issuing_[2] = {0, 0};  // sections in progress, per epoch parity
+  std::mutex grace_mutex_;                          // one wait_for_issuers() flips at a time
+  std::mutex releasing_mutex_;
+  std::unordered_map<std::uint64_t, std::uint64_t> releasing_;  // base -> block id; releasing_mutex_
+  std::atomic<std::size_t> releasing_count_{0};
 
   mutable std::mutex mutex_;  // guards policy_, pending_ and the counters below
   std::vector<PendingFree> pending_;

@@ -79,8 +79,12 @@ struct Event {
   std::vector<Range> writes;
 };
 
+class ByteSource;  // trace.cpp: the file's bytes, inflated when it is gzip
+
 // Streaming reader. The constructor opens the file (plain or gzip, detected from the
-// content) and reads and checks the header; next() returns events one at a time. Checks:
+// content; a gzip file may hold several members, as concatenated gzip files do, but nothing
+// else: bytes after the last member that are not one, or a member cut short, are an error
+// that names the byte offset) and reads and checks the header; next() returns events one at a time. Checks:
 // malformed JSON, a truncated or corrupt file, a missing/unknown header or version, unknown
 // event types, missing fields, negative, fractional or non-numeric sizes, ids and durations,
 // ids used before their alloc or after their free, duplicate live ids, ranges outside their
@@ -108,7 +112,7 @@ class Reader {
   void parse_ranges(const nlohmann::json& object, const char* field, std::vector<Range>& out);
 
   std::string path_;
-  void* gz_ = nullptr;  // gzFile
+  std::unique_ptr<ByteSource> source_;
   std::vector<char> buffer_;
   std::size_t buffer_pos_ = 0;
   std::size_t buffer_end_ = 0;

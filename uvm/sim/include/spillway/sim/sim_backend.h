@@ -68,7 +68,10 @@ class SimBackend final : public Backend {
   // Issued now(): toward the GPU on the H2D engine, toward the CPU on the D2H engine.
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) override;
   Result advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) override;
-  bool is_capturing(StreamHandle) override { return false; }
+  Result capture_status(StreamHandle, bool* capturing) override {
+    *capturing = false;
+    return Result{};
+  }
   Result record_event(StreamHandle, EventHandle* event) override;
   Result event_done(EventHandle) override { return {}; }
   void destroy_event(EventHandle) override {}

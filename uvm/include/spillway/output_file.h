@@ -1,0 +1,23 @@
+// Output files that several processes of one run may ask for (SPILLWAY_TRACE and
+// SPILLWAY_REPORT are inherited by every process of a tree: a shell, `timeout`, a Python
+// launcher and its workers). Each process writes a file of its own, never one another
+// process writes.
+#pragma once
+
+#include <string>
+
+namespace spillway {
+
+// Creates `path` for the calling process alone (open(2) with O_CREAT | O_EXCL, mode 0644
+// less the umask) and returns it. If it exists — written by another process of the same
+// run, or left from an earlier run — the process id is put before the name's extensions
+// ("t.jsonl.gz" -> "t.4242.jsonl.gz", "report" -> "report.4242") and that is created the
+// same way. Returns "" and sets *error to a one-line reason naming the file when neither
+// can be created. Thread-safe. (`spillway run` removes the files it names before it starts
+// the program, so within one run only a second process gets the suffixed name.)
+std::string claim_output_file(const std::string& path, std::string* error);
+
+// `path` with `.<pid>` before the extensions of its last component.
+std::string with_pid(const std::string& path, long pid);
+
+}  // namespace spillway
