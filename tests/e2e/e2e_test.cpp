@@ -190,6 +190,15 @@ TEST(HostCap, RuntimeAllocationPastTheCapIsCudaErrorMemoryAllocation) {
   EXPECT_EQ(r.out, "malloc 48M -> 0\nmalloc 32M -> 2\nmalloc 8M -> 0\n") << "2 = cudaErrorMemoryAllocation";
 }
 
+// Issue 18, item 10: a 0-byte cudaMalloc succeeds with NULL without reaching the driver (the
+// runtime's answer); that is no allocation the shim missed, and says nothing.
+TEST(RuntimeWarnings, ZeroByteRuntimeAllocationIsNoMissedAllocation) {
+  RunResult r = program("runtime_alloc", {"sizes", "0", "1M", "0"}, fake_env(true));
+  EXPECT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.out, "malloc 0 -> 0\nmalloc 1M -> 0\nmalloc 0 -> 0\n");
+  EXPECT_EQ(r.err, "") << "a false warning (and, being once only, one that would hide a real one)";
+}
+
 TEST(HostCap, DriverOutOfMemoryFromManagedAllocationIsPassedOn) {
   // The driver refuses the managed allocation itself: the program gets the driver's code.
   RunResult r = program("mem_limits", {"sizes", "1M", "1M"}, fake_env(true, {{"FAKECUDA_FAIL", "cuMemAllocManaged:1"}}));

@@ -3,6 +3,7 @@
 // trace it records (SPILLWAY_TRACE), what it issued from the fake's call log (FAKECUDA_LOG).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -206,6 +207,36 @@ TEST(Launch, RecordedTraceReplaysToTheSameFootprints) {
   ASSERT_EQ(replay.status, 0) << describe(replay);
   EXPECT_NE(replay.out.find("kernels 8,"), std::string::npos) << replay.out;
   EXPECT_NE(replay.out.find("peak footprint 32 MiB"), std::string::npos) << replay.out;
+}
+
+// Issue 18, item 7: SPILLWAY_TRACE reaches every process of a tree. Only a process that uses
+// CUDA writes, and no two processes write one file.
+TEST(Launch, TraceThroughAProcessTreeIsWrittenOnlyByProcessesThatUseCuda) {
+  std::string dir = temp_dir();
+  RunResult r = run({kCli, "run", "--trace", dir + "/t.jsonl.gz", "--", "timeout", "60", kPrograms + "/launches", "cycle",
+                     "2", "4"},
+                    fake_env());
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  RunResult replay = run({kCli, "replay", dir + "/t.jsonl.gz", "--policy", "demand", "--capacity", "0.5"}, {});
+  ASSERT_EQ(replay.status, 0) << describe(replay);
+  EXPECT_NE(replay.out.find("kernels 8,"), std::string::npos) << replay.out;
+
+  // Two CUDA processes under one shell: the first takes the name, the second one of its own.
+  std::string prog = kPrograms + "/launches cycle 2 4";
+  RunResult two = run({kCli, "run", "--trace", dir + "/u.jsonl", "--", "sh", "-c", prog + " && " + prog}, fake_env());
+  ASSERT_EQ(two.status, 0) << describe(two);
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind("u.", 0) == 0) files.push_back(name);
+  }
+  ASSERT_EQ(files.size(), 2u) << two.err;
+  for (const std::string& f : files) {
+    EXPECT_EQ(read_trace(dir + "/" + f).kernels().size(), 8u) << f;
+  }
+  EXPECT_EQ(two.err_lines().size(), 1u) << two.err;
+  EXPECT_NE(two.err.find("records its trace to"), std::string::npos) << two.err;
 }
 
 TEST(Launch, BadTracePathIsOneLineAndTheProgramRuns) {

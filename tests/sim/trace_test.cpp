@@ -163,6 +163,85 @@ TEST_F(TraceTest, TruncatedGzip) {
   }
 }
 
+// Issue 18, item 7: what two processes writing one trace leave — a whole gzip member and,
+// after it, bytes that are not another member — is rejected, naming the byte offset where the
+// compressed data end; a member cut short is rejected as truncated. Members concatenated
+// whole (as `cat a.gz b.gz` makes) are one stream.
+TEST_F(TraceTest, GzipWithTrailingGarbageIsRejectedNamingTheOffset) {
+  auto gz_trace = [&](const std::string& name, int events) {
+    std::string path = (dir_ / name).string();
+    Writer w(path);
+    w.write_header("t");
+    for (int i = 0; i < events; ++i) {
+      Event a;
+      a.kind = EventKind::alloc;
+      a.id = static_cast<std::uint64_t>(i + 1);
+      a.bytes = 100;
+      w.write(a);
+    }
+    w.close();
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string whole = gz_trace("a.jsonl.gz", 3);
+  const std::string garbage = "\x78\x9c\x01\x02 not a gzip member at all";
+  std::string damaged = (dir_ / "damaged.jsonl.gz").string();
+  std::ofstream(damaged, std::ios::binary) << whole << garbage;
+  try {
+    read_trace(damaged);
+    FAIL() << "trailing garbage after a gzip member was accepted";
+  } catch (const TraceError& e) {
+    EXPECT_NE(e.message().find("damaged gzip stream"), std::string::npos) << e.what();
+    EXPECT_NE(e.message().find("byte " + std::to_string(whole.size())), std::string::npos) << e.what();
+  }
+  // The header-only member a second process left at the start, then the first's bytes.
+  std::string overwritten = (dir_ / "overwritten.jsonl.gz").string();
+  const std::string header_only = gz_trace("h.jsonl.gz", 0);
+  std::string other = gz_trace("b.jsonl.gz", 200);
+  std::ofstream(overwritten, std::ios::binary) << header_only << other.substr(header_only.size());
+  EXPECT_THROW(read_trace(overwritten), TraceError);
+
+  std::string concatenated = (dir_ / "cat.jsonl.gz").string();
+  {
+    Writer w(concatenated);
+    w.write_header("t");
+    w.close();
+  }
+  std::string rest = (dir_ / "rest.jsonl.gz").string();
+  {
+    Writer w(rest);
+    w.write_raw("{\"ev\":\"alloc\",\"id\":9,\"bytes\":10}");
+    w.close();
+  }
+  std::ifstream r1(concatenated, std::ios::binary), r2(rest, std::ios::binary);
+  std::string both = std::string((std::istreambuf_iterator<char>(r1)), std::istreambuf_iterator<char>()) +
+                     std::string((std::istreambuf_iterator<char>(r2)), std::istreambuf_iterator<char>());
+  std::ofstream(concatenated, std::ios::binary | std::ios::trunc) << both;
+  Trace t = read_trace(concatenated);
+  ASSERT_EQ(t.events.size(), 1u);
+  EXPECT_EQ(t.events[0].id, 9u);
+}
+
+TEST_F(TraceTest, GzipCutInsideAMemberIsTruncated) {
+  std::string path = (dir_ / "c.jsonl.gz").string();
+  {
+    Writer w(path);
+    w.write_header("t");
+    w.close();
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string cut = (dir_ / "cut2.jsonl.gz").string();
+  std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() - 4);  // no length trailer
+  try {
+    read_trace(cut);
+    FAIL() << "a gzip member without its trailer was accepted";
+  } catch (const TraceError& e) {
+    EXPECT_NE(e.message().find("truncated gzip stream"), std::string::npos) << e.what();
+    EXPECT_NE(e.message().find("byte " + std::to_string(bytes.size() - 4)), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TraceTest, NotAnObject) { EXPECT_NE(error_of("[1,2]\n").find("JSON object"), std::string::npos); }
 
 TEST_F(TraceTest, MissingEventType) { EXPECT_NE(error_of("{\"id\":1}\n").find("\"ev\""), std::string::npos); }
