@@ -598,5 +598,17 @@ TEST(NonCuda, DlsymDefaultAndNextBehaveIdentically) {
   EXPECT_EQ(with.err, "");
 }
 
+// The same probes in a process that has loaded the driver and the runtime (globally): found,
+// with the shim as without it.
+TEST(NonCuda, ProbesFindCudaWhereItIsLoaded) {
+  const std::string cuda = kFakeDir + "/libcuda.so.1 " + kFakeDir + "/libcudart.so.13";
+  RunResult plain = program("no_cuda", {"x"}, {{"LD_PRELOAD", cuda}});
+  ASSERT_EQ(plain.status, 0) << describe(plain);
+  EXPECT_NE(plain.out.find("probe cudaMalloc default=1 self=1"), std::string::npos) << plain.out;
+  RunResult with = program("no_cuda", {"x"}, {{"LD_PRELOAD", kShim + " " + cuda}});
+  EXPECT_EQ(with.status, 0) << describe(with);
+  EXPECT_EQ(with.out, plain.out);
+}
+
 }  // namespace
 }  // namespace spillway::test

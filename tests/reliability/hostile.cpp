@@ -13,8 +13,8 @@
 //   double_free N     N times: two threads free the same block at the same instant. Prints
 //                     "both=B none=Z" (iterations in which both, or neither, succeeded).
 //   churn N           N short-lived threads, each launching one kernel on a shared block.
-//   exit_in_handler USEC  launches in a loop until SIGALRM (after USEC µs) exits from its
-//                     handler with status 3.
+//   exit_in_handler USEC  launches of a kernel on 8 of 64 blocks in a loop until SIGALRM
+//                     (after USEC µs) exits from its handler with status 3.
 //   race_frees T N    T threads, each N times: allocate, launch on it and on a shared block,
 //                     free, with a second stream-ordered block. Prints "launches=L".
 #include <cuda.h>
@@ -195,19 +195,20 @@ CUfunction g_fill = nullptr;
 
 int exit_in_handler(long usec) {
   CUmodule m = nullptr;
-  CHECK(cuModuleLoadData(&m, "fill_u32(8,8,4)"));
-  CHECK(cuModuleGetFunction(&g_fill, m, "fill_u32"));
-  std::vector<CUdeviceptr> blocks(48);
+  CHECK(cuModuleLoadData(&m, "many_k(8,8,8,8,8,8,8,8)"));
+  CHECK(cuModuleGetFunction(&g_fill, m, "many_k"));
+  std::vector<CUdeviceptr> blocks(64);
   for (CUdeviceptr& b : blocks) CHECK(cuMemAlloc(&b, 2 << 20));
   signal(SIGALRM, [](int) { std::exit(3); });
   itimerval t{};
   t.it_value.tv_sec = usec / 1000000;
   t.it_value.tv_usec = usec % 1000000;
   setitimer(ITIMER_REAL, &t, nullptr);
+  CUdeviceptr args[8];
+  void* params[8];
+  for (int j = 0; j < 8; ++j) params[j] = &args[j];
   for (unsigned i = 0;; ++i) {
-    CUdeviceptr p = blocks[i % blocks.size()];
-    unsigned long long count = 16;
-    void* params[] = {&p, &count, &i};
+    for (int j = 0; j < 8; ++j) args[j] = blocks[(i * 8 + j * 5) % blocks.size()];
     cuLaunchKernel(g_fill, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr);
   }
 }
