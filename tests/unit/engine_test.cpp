@@ -244,6 +244,48 @@ TEST_F(EngineTest, DeferredFreeWaitsForItsEventAndIsReleasedWhenItCompletes) {
   e->reclaim(true);  // nothing left
 }
 
+// Issue 18, item 3: a stream the driver does not know is no state: its error is returned,
+// and the block stays live, so that a free on a valid stream then succeeds.
+TEST_F(EngineTest, StreamOrderedFreeOnAnUnknownStreamReturnsItsErrorAndKeepsTheBlock) {
+  SetUpDevice();
+  auto e = MakeEngine({{"SPILLWAY_POLICY", "advise"}});
+  std::uint64_t a = Allocate(*e, MiB);
+  constexpr StreamHandle kDead = 0x6666;
+  ON_CALL(backend, capture_status(kDead, _)).WillByDefault(Return(Result{Status::error, 400}));
+  EXPECT_CALL(backend, free_managed(a)).Times(0);
+  bool ours = false;
+  Result r = e->release(a, kDead, &ours);
+  EXPECT_TRUE(ours);
+  EXPECT_EQ(r.native, 400);
+  EXPECT_TRUE(e->find(a).has_value()) << "the block stays the program's";
+  e->reclaim(true);
+  ::testing::Mock::VerifyAndClearExpectations(&backend);
+  EXPECT_CALL(backend, free_managed(a)).Times(1);
+  EXPECT_TRUE(e->release(a, kStream, &ours).ok());
+  e->reclaim(true);
+  EXPECT_EQ(e->managed_bytes(), 0u);
+}
+
+// Issue 18, item 4: a block whose stream-ordered release is pending is still the shim's: a
+// second free of it is the program's error and never reaches the driver.
+TEST_F(EngineTest, SecondFreeOfABlockWhoseReleaseIsPendingIsRefused) {
+  SetUpDevice();
+  auto e = MakeEngine({{"SPILLWAY_POLICY", "advise"}});
+  std::uint64_t a = Allocate(*e, MiB);
+  ON_CALL(backend, event_done(_)).WillByDefault(Return(not_ready()));
+  EXPECT_CALL(backend, free_managed(a)).Times(1);
+  bool ours = false;
+  ASSERT_TRUE(e->release(a, kStream, &ours).ok());
+  Result second = e->release(a, std::nullopt, &ours);
+  EXPECT_TRUE(ours) << "a pending release is the shim's: the driver must not free it";
+  EXPECT_EQ(second.status, Status::invalid_value);
+  ON_CALL(backend, event_done(_)).WillByDefault(Return(ok()));
+  e->reclaim(false);
+  EXPECT_EQ(e->managed_bytes(), 0u);
+  e->release(a, std::nullopt, &ours);  // released now: the driver answers
+  EXPECT_FALSE(ours);
+}
+
 TEST_F(EngineTest, FreeOnCapturingStreamIssuesNothingOnItUntilCaptureEnds) {
   SetUpDevice();
   auto e = MakeEngine({{"SPILLWAY_POLICY", "advise"}});

@@ -1,5 +1,6 @@
 #include "spillway/allocation_table.h"
 
+#include <iterator>
 #include <mutex>
 
 #include "spillway/policy.h"
@@ -84,6 +85,14 @@ std::optional<Block> AllocationTable::find_locked(std::uint64_t addr) const {
   --it;
   if (!it->second.contains(addr)) return std::nullopt;
   return it->second;
+}
+
+std::optional<Block> AllocationTable::first_overlapping(std::uint64_t addr, std::uint64_t end) const {
+  std::shared_lock lock(mutex_);
+  auto it = blocks_.upper_bound(addr);
+  if (it != blocks_.begin() && std::prev(it)->second.contains(addr)) return std::prev(it)->second;
+  if (it != blocks_.end() && it->first < end) return it->second;
+  return std::nullopt;
 }
 
 std::optional<Block> AllocationTable::find_base(std::uint64_t base) const {

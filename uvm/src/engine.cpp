@@ -195,14 +195,23 @@ void Engine::wait_for_issuers() {
 }
 
 void Engine::send_checked(const Action& a, int device) {
-  Result r;
-  {
-    IssueSection section(*this);
-    std::optional<Block> b = table_.find(a.addr);
-    if (!b || a.bytes == 0 || a.bytes > b->end() - a.addr) return;  // not inside one live block (freed meanwhile)
-    r = send(backend_, a, device);
+  // One call per live block the range overlaps, clipped to it: nothing of a block freed
+  // meanwhile, nothing outside blocks.
+  const std::uint64_t end = a.addr + a.bytes < a.addr ? ~0ull : a.addr + a.bytes;
+  for (std::uint64_t addr = a.addr; addr < end;) {
+    Action piece = a;
+    Result r;
+    {
+      IssueSection section(*this);
+      std::optional<Block> b = table_.first_overlapping(addr, end);
+      if (!b) return;
+      piece.addr = std::max(addr, b->base);
+      piece.bytes = std::min(end, b->end()) - piece.addr;
+      r = send(backend_, piece, device);
+    }
+    count_action(piece, r);
+    addr = piece.addr + piece.bytes;
   }
-  count_action(a, r);
 }
 
 bool Engine::claim_release(std::uint64_t addr, std::uint64_t id) {

@@ -30,6 +30,8 @@ class AllocationTable {
   std::optional<Block> find(std::uint64_t addr) const;
   // The block whose base is exactly `base`, if any.
   std::optional<Block> find_base(std::uint64_t base) const;
+  // The live block of lowest address that overlaps [addr, end), if any. O(log n).
+  std::optional<Block> first_overlapping(std::uint64_t addr, std::uint64_t end) const;
   // Holds the table's shared lock over a series of find()s (one lock for all): while it
   // lives, insert() and erase() wait, on every thread — so never hold one across a call
   // that may allocate or free, or a driver call.

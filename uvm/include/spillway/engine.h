@@ -222,7 +222,8 @@ class Engine {
   // the block.)
   class IssueSection;
   void wait_for_issuers();
-  // A Policy's action, sent inside an IssueSection if its range lies in one live block.
+  // A Policy's action, sent inside IssueSections, one piece per live block its range
+  // overlaps (clipped to the block).
   void send_checked(const Action& action, int device);
   // Release claims (release()): one per block between leaving the table and the Backend's
   // free, keyed by base.
