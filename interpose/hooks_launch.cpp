@@ -15,11 +15,11 @@
 //  2. Every 8-byte-aligned word of every parameter of 8 bytes or more (pointers passed
 //     directly and pointers inside by-value structs) is looked up in the allocation table:
 //     first the Engine's lock-free address bounds, then Engine::find.
-//  3. The footprint (DESIGN §4, "a block is not a tensor"): for each pointer p found in a
-//     block B, the range from p to the next pointer found in B by this launch, else to B's
-//     end; a pointer into the middle of B (p != B.base: a sub-allocation of a caching
-//     allocator's segment or arena) is further bounded to kInteriorExtent bytes, so an
-//     arena pointer never drags the whole arena in. The Engine turns ranges into chunks.
+//  3. The footprint: spillway/footprint.h's rule (DESIGN §4, "a block is not a tensor"; the
+//     simulator applies the same one): for each pointer p found in a block B, the range from
+//     p to the next pointer found in B by this launch, else to B's end; a pointer into the
+//     middle of B is further bounded to kInteriorExtent bytes. The Engine turns ranges into
+//     chunks.
 //  4. On a capturing stream nothing is issued and the Engine is not called (the kernel does
 //     not run now). Whether the stream captures: a stream whose capture began through the
 //     hooked cuStreamBeginCapture_v2(_ptsz) is known without asking; while any such capture
@@ -65,6 +65,7 @@
 
 #include "cuda_backend.h"
 #include "shim.h"
+#include "spillway/footprint.h"
 #include "spillway/log.h"
 
 namespace spillway::hook {
@@ -73,7 +74,6 @@ using interpose::real;
 
 namespace {
 
-constexpr std::uint64_t kInteriorExtent = 64ull << 20;  // bound for pointers into a block's middle
 constexpr std::size_t kMaxHits = 64;                    // pointers per launch beyond this are ignored
 constexpr std::size_t kMaxParams = 1024;
 constexpr std::uint64_t kSampleEvery = 64;              // 1 launch in 64 per execution id is timed
@@ -246,14 +246,8 @@ const FuncInfo* info_for(CUfunction f) {
 
 // ---- footprint ---------------------------------------------------------------------------
 
-struct Hit {
-  std::uint64_t ptr;
-  std::uint64_t base;
-  std::uint64_t end;
-};
-
 struct Footprint {
-  std::array<Hit, kMaxHits> hits;
+  std::array<ArgumentHit, kMaxHits> hits;
   std::size_t count = 0;
   std::uint64_t exec_id = 0;
   std::array<Access, kMaxHits> accesses;
@@ -266,7 +260,7 @@ struct Footprint {
     }
     std::optional<Block> b = e.find(word);
     if (!b) return;
-    hits[count++] = Hit{word, b->base, b->end()};
+    hits[count++] = ArgumentHit{word, b->base, b->end()};
     exec_id = mix(exec_id, word);
   }
 
@@ -279,17 +273,7 @@ struct Footprint {
   }
 
   // The rule of the file comment, step 3.
-  void build() {
-    std::sort(hits.begin(), hits.begin() + count, [](const Hit& a, const Hit& b) { return a.ptr < b.ptr; });
-    naccesses = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-      const Hit& h = hits[i];
-      std::uint64_t end = h.end;
-      if (i + 1 < count && hits[i + 1].base == h.base) end = hits[i + 1].ptr;
-      if (h.ptr != h.base) end = std::min(end, h.ptr + std::min(kInteriorExtent, h.end - h.ptr));
-      accesses[naccesses++] = Access{h.ptr, end - h.ptr, false};
-    }
-  }
+  void build() { naccesses = footprint_of(std::span<ArgumentHit>(hits.data(), count), accesses); }
 };
 
 void collect(Engine& e, const FuncInfo& fn, void** params, void** extra, Footprint& fp) {
