@@ -127,6 +127,7 @@ struct SimCommands::Options {
   std::vector<std::string> traces;
   std::vector<std::string> policies;
   std::vector<std::string> capacities;
+  std::vector<std::string> allocators;
   std::string link = "pcie5";
   std::string csv, plot, timeline;
   int jobs = 0;
@@ -193,6 +194,10 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.sweep->add_option("--capacity", o.capacities,
                       "GPU capacities: fractions of the trace's peak footprint (0.5), percentages, or sizes (24GiB) [0.667,0.5]")
       ->delimiter(',');
+  o.sweep->add_option("--allocator", o.allocators,
+                      "allocator views, comma-separated: none (one block per trace id), pytorch (PyTorch's caching "
+                      "allocator: segments, pointers into them, no frees) [none]")
+      ->delimiter(',');
   o.sweep->add_option("--csv", o.csv, "write the results as CSV to FILE");
   o.sweep->add_option("--plot", o.plot, "plot time / bound against capacity to FILE.png or FILE.svg (python3-matplotlib)");
   o.sweep->add_option("--jobs,-j", o.jobs, "simulations run in parallel [number of CPUs]")->check(CLI::Range(1, 1024));
@@ -203,6 +208,7 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.replay->add_option("trace", o.replay_trace, "trace file")->required();
   o.replay->add_option("--policy", o.replay_policy, "policy [demand]");
   o.replay->add_option("--capacity", o.replay_capacity, "GPU capacity: fraction of the peak, percentage or size [0.5]");
+  o.replay->add_option("--allocator", o.allocators, "allocator view: none or pytorch [none]");
   o.replay->add_option("--timeline", o.timeline, "write a Chrome/Perfetto trace-event timeline (JSON) to FILE");
   o.add_model_options(o.replay);
 }
@@ -216,8 +222,8 @@ namespace {
 void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows) {
   std::size_t w = 5;
   for (const auto& r : rows) w = std::max(w, r.trace.size());
-  out << fmt::format("{:<{}}  {:>14}  {:<11}  {:>11}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n", "trace", w, "capacity",
-                     "policy", "time", "xbound", "xunlim", "H2D GB", "D2H GB", "faults", "pf acc");
+  out << fmt::format("{:<{}}  {:>14}  {:<11}  {:<9}  {:>11}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n", "trace", w,
+                     "capacity", "policy", "allocator", "time", "xbound", "xunlim", "H2D GB", "D2H GB", "faults", "pf acc");
   for (const auto& r : rows) {
     std::string acc = r.sim.prefetch_bytes == 0 ? std::string("-")
                                                 : fmt::format("{:.1f}%", 100.0 * r.sim.prefetch_used_bytes / r.sim.prefetch_bytes);
@@ -225,8 +231,8 @@ void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows) {
     auto ratio = [](std::uint64_t a, std::uint64_t b) {
       return b == 0 ? std::string("-") : fmt::format("{:.2f}", static_cast<double>(a) / static_cast<double>(b));
     };
-    out << fmt::format("{:<{}}  {:>14}  {:<11}  {:>11}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n", r.trace, w,
-                       fmt::format("{} ({:.3f})", format_bytes(r.capacity_bytes), r.capacity_frac), r.policy,
+    out << fmt::format("{:<{}}  {:>14}  {:<11}  {:<9}  {:>11}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n", r.trace, w,
+                       fmt::format("{} ({:.3f})", format_bytes(r.capacity_bytes), r.capacity_frac), r.policy, r.allocator,
                        seconds(r.sim.time_ns), ratio(r.sim.time_ns, r.bound_ns), ratio(r.sim.time_ns, r.sim.compute_ns),
                        gbytes(r.sim.h2d_bytes), gbytes(r.sim.d2h_bytes), r.sim.faults, acc);
   }
@@ -235,10 +241,10 @@ void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows) {
 void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path));
-  out << "trace,policy,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
+  out << "trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
          "prefetch_bytes,prefetch_used_bytes\n";
   for (const auto& r : rows) {
-    out << fmt::format("{},{},{},{},{:.4f},{},{},{},{},{},{},{},{}\n", r.trace, r.policy, r.link, r.capacity_bytes,
+    out << fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{}\n", r.trace, r.policy, r.allocator, r.link, r.capacity_bytes,
                        r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns, r.sim.h2d_bytes, r.sim.d2h_bytes,
                        r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes);
   }
@@ -262,6 +268,18 @@ void check_policies(const std::vector<std::string>& policies) {
       throw UsageError{fmt::format("unknown policy '{}': expected {}", p, fmt::join(names, ", "))};
     }
   }
+}
+
+// The allocator views asked for ([none] when none are), or a UsageError naming the bad one.
+std::vector<sim::AllocatorView> parse_views(const std::vector<std::string>& texts) {
+  std::vector<sim::AllocatorView> views;
+  for (const std::string& t : split(texts)) {
+    auto v = sim::parse_allocator_view(t);
+    if (!v) throw UsageError{fmt::format("unknown allocator view '{}': expected none or pytorch", t)};
+    if (std::find(views.begin(), views.end(), *v) == views.end()) views.push_back(*v);
+  }
+  if (views.empty()) views.push_back(sim::AllocatorView::none);
+  return views;
 }
 
 int run_sweep(SimCommands::Options& o);
@@ -301,16 +319,30 @@ int run_sweep(SimCommands::Options& o) {
   }
   unsigned jobs = o.jobs > 0 ? static_cast<unsigned>(o.jobs) : std::max(1u, std::thread::hardware_concurrency());
   const bool progress = !o.quiet && isatty(STDERR_FILENO);
+  const std::vector<sim::AllocatorView> views = parse_views(o.allocators);
 
-  // Read and compile the traces (in parallel); the first error in trace order wins.
+  // Read and compile the traces (in parallel); the first error in trace order wins. Every
+  // trace is compiled in the `none` view (its bound and capacities: the true accesses) and in
+  // each other view asked for: views[v] of trace t is compiled[t * views.size() + v].
   std::vector<std::unique_ptr<sim::CompiledTrace>> traces(o.traces.size());
+  std::vector<const sim::CompiledTrace*> compiled(o.traces.size() * views.size());
+  std::vector<std::unique_ptr<sim::CompiledTrace>> other_views(o.traces.size() * views.size());
   std::vector<std::string> errors(o.traces.size());
   {
     std::atomic<std::size_t> next{0};
     auto work = [&] {
       for (std::size_t i; (i = next++) < o.traces.size();) {
         try {
-          traces[i] = std::make_unique<sim::CompiledTrace>(sim::compile_file(o.traces[i]));
+          trace::Trace text = trace::read_trace(o.traces[i]);
+          traces[i] = std::make_unique<sim::CompiledTrace>(sim::compile(text));
+          for (std::size_t v = 0; v < views.size(); ++v) {
+            if (views[v] == sim::AllocatorView::none) {
+              compiled[i * views.size() + v] = traces[i].get();
+              continue;
+            }
+            other_views[i * views.size() + v] = std::make_unique<sim::CompiledTrace>(sim::compile(text, views[v]));
+            compiled[i * views.size() + v] = other_views[i * views.size() + v].get();
+          }
         } catch (const trace::TraceError& e) {
           errors[i] = e.what();
         }
@@ -329,12 +361,13 @@ int run_sweep(SimCommands::Options& o) {
   }
 
   struct Cell {
-    std::size_t trace, cap, policy;
+    std::size_t trace, view, cap, policy;
   };
   std::vector<Cell> cells;
   for (std::size_t t = 0; t < traces.size(); ++t)
     for (std::size_t c = 0; c < caps.size(); ++c)
-      for (std::size_t p = 0; p < policies.size(); ++p) cells.push_back({t, c, p});
+      for (std::size_t v = 0; v < views.size(); ++v)
+        for (std::size_t p = 0; p < policies.size(); ++p) cells.push_back({t, v, c, p});
   // The bound of each (trace, capacity), shared by its policies.
   std::vector<sim::MinFetch> fetches(traces.size() * caps.size());
   std::vector<std::once_flag> fetch_once(traces.size() * caps.size());
@@ -345,7 +378,7 @@ int run_sweep(SimCommands::Options& o) {
   auto cost = [&](const Cell& c) {
     const std::string& p = policies[c.policy];
     double weight = p == "oracle" ? 4 : p == "correlation" || p == "learned" ? 2.5 : p == "sequential" ? 1.5 : 1;
-    return static_cast<double>(traces[c.trace]->touches.size()) * weight;
+    return static_cast<double>(compiled[c.trace * views.size() + c.view]->touches.size()) * weight;
   };
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost(cells[a]) > cost(cells[b]); });
   std::vector<sim::CellResult> results(cells.size());
@@ -356,12 +389,13 @@ int run_sweep(SimCommands::Options& o) {
     for (std::size_t n; (n = next++) < cells.size();) {
       const std::size_t i = order[n];
       const Cell& cell = cells[i];
-      const sim::CompiledTrace& t = *traces[cell.trace];
+      const sim::CompiledTrace& truth = *traces[cell.trace];  // the `none` view: bound and capacity
+      const sim::CompiledTrace& t = *compiled[cell.trace * views.size() + cell.view];
       sim::SimParams p = base;
-      p.capacity_bytes = capacity_bytes(caps[cell.cap], t);
       std::size_t key = cell.trace * caps.size() + cell.cap;
       try {
-        std::call_once(fetch_once[key], [&] { fetches[key] = sim::min_fetch(t, p.capacity_bytes / kChunkBytes); });
+        p.capacity_bytes = capacity_bytes(caps[cell.cap], truth);
+        std::call_once(fetch_once[key], [&] { fetches[key] = sim::min_fetch(truth, p.capacity_bytes / kChunkBytes); });
         results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &fetches[key]);
       } catch (...) {
         std::lock_guard lock(print_mutex);
@@ -422,10 +456,16 @@ int run_replay(SimCommands::Options& o) {
   check_policies({policy});
   CapacitySpec cap = parse_capacity(o.replay_capacity.empty() ? "0.5" : o.replay_capacity);
   sim::SimParams p = o.params();
-  sim::CompiledTrace t = sim::compile_file(o.replay_trace);
-  p.capacity_bytes = capacity_bytes(cap, t);
+  std::vector<sim::AllocatorView> views = parse_views(o.allocators);
+  if (views.size() != 1) throw UsageError{"replay takes one --allocator view"};
+  trace::Trace text = trace::read_trace(o.replay_trace);
+  sim::CompiledTrace truth = sim::compile(text);
+  sim::CompiledTrace viewed = views[0] == sim::AllocatorView::none ? sim::CompiledTrace{} : sim::compile(text, views[0]);
+  const sim::CompiledTrace& t = views[0] == sim::AllocatorView::none ? truth : viewed;
+  p.capacity_bytes = capacity_bytes(cap, truth);
+  sim::MinFetch bound = sim::min_fetch(truth, p.capacity_bytes / kChunkBytes);
   std::vector<sim::Span> spans;
-  sim::CellResult r = sim::run_cell(t, policy, p, o.timeline.empty() ? nullptr : &spans);
+  sim::CellResult r = sim::run_cell(t, policy, p, o.timeline.empty() ? nullptr : &spans, &bound);
   print_table(std::cout, {r});
   const auto& s = r.sim;
   std::cout << fmt::format(

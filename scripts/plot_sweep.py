@@ -28,7 +28,10 @@ def main(argv):
     with open(src, newline="") as f:
         for row in csv.DictReader(f):
             ratio = int(row["time_ns"]) / max(1, int(row["bound_ns"]))
-            series[row["trace"]][row["policy"]].append((float(row["capacity_frac"]), ratio))
+            # One line per policy and allocator view (the view is named when it is not `none`).
+            view = row.get("allocator", "none")
+            label = row["policy"] if view == "none" else f'{row["policy"]} ({view})'
+            series[row["trace"]][label].append((float(row["capacity_frac"]), ratio))
             links.add(row["link"])
     if not series:
         print(f"plot_sweep.py: {src}: no rows", file=sys.stderr)

@@ -495,15 +495,36 @@ bool valid_function(CUfunction f) {
   std::lock_guard lock(g_module_mutex);
   return g_functions.count(reinterpret_cast<const Function*>(f)) != 0;
 }
+namespace {
+std::vector<Function*>& free_handles() {  // guarded by g_module_mutex; never destroyed
+  static auto* v = new std::vector<Function*>();
+  return *v;
+}
+}  // namespace
 void register_module(Module* m) {
   std::lock_guard lock(g_module_mutex);
   g_modules.insert(m);
-  for (const Function& f : m->functions) g_functions.insert(&f);
+  for (const Function& f : m->functions) {
+    Function* slot = nullptr;
+    if (!free_handles().empty()) {
+      slot = free_handles().back();
+      free_handles().pop_back();
+      *slot = f;
+    } else {
+      slot = new Function(f);
+    }
+    m->handles.push_back(slot);
+    g_functions.insert(slot);
+  }
 }
 void unregister_module(Module* m) {
   std::lock_guard lock(g_module_mutex);
   g_modules.erase(m);
-  for (const Function& f : m->functions) g_functions.erase(&f);
+  for (auto it = m->handles.rbegin(); it != m->handles.rend(); ++it) {
+    g_functions.erase(*it);
+    free_handles().push_back(*it);
+  }
+  m->handles.clear();
 }
 
 // ---- opaque handles ---------------------------------------------------------------------------

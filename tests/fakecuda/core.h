@@ -182,7 +182,11 @@ struct Function {
   std::vector<size_t> sizes, offsets;
 };
 struct Module {
-  std::vector<Function> functions;
+  std::vector<Function> functions;  // as parsed
+  // The CUfunction/CUkernel handles, filled by register_module(). Like a real driver's, the
+  // handles of an unloaded module are given out again, most recently freed first, so that
+  // tests can provoke a handle that names another kernel after a reload.
+  std::vector<Function*> handles;
 };
 bool parse_module(const char* image, Module* out);
 bool valid_module(CUmodule m);

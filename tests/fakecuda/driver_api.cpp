@@ -1174,9 +1174,9 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction* func, CUmodule module, const ch
     FC_CHECK(c);
     if (!func || !module || !name) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_module(module)) return CUDA_ERROR_INVALID_HANDLE;
-    for (const Function& f : reinterpret_cast<Module*>(module)->functions) {
-      if (f.name == name) {
-        *func = reinterpret_cast<CUfunction>(const_cast<Function*>(&f));
+    for (Function* f : reinterpret_cast<Module*>(module)->handles) {
+      if (f->name == name) {
+        *func = reinterpret_cast<CUfunction>(f);
         c.ptr("func", *func);
         return CUDA_SUCCESS;
       }
@@ -1223,9 +1223,9 @@ CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const c
     FC_CHECK(c);
     if (!kernel || !library || !name) return CUDA_ERROR_INVALID_VALUE;
     if (!valid_module(reinterpret_cast<CUmodule>(library))) return CUDA_ERROR_INVALID_HANDLE;
-    for (const Function& f : reinterpret_cast<Module*>(library)->functions) {
-      if (f.name == name) {
-        *kernel = reinterpret_cast<CUkernel>(const_cast<Function*>(&f));
+    for (Function* f : reinterpret_cast<Module*>(library)->handles) {
+      if (f->name == name) {
+        *kernel = reinterpret_cast<CUkernel>(f);
         c.ptr("kernel", *kernel);
         return CUDA_SUCCESS;
       }

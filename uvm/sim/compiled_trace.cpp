@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "spillway/footprint.h"
+#include "spillway/sim/caching_allocator.h"
 #include "spillway/size.h"
 
 namespace spillway::sim {
@@ -95,9 +97,28 @@ std::string base_name(const std::string& path) {
 
 }  // namespace
 
-CompiledTrace compile(const trace::Trace& t) {
+const char* to_string(AllocatorView view) { return view == AllocatorView::pytorch ? "pytorch" : "none"; }
+
+std::optional<AllocatorView> parse_allocator_view(const std::string& text) {
+  if (text == "none") return AllocatorView::none;
+  if (text == "pytorch") return AllocatorView::pytorch;
+  return std::nullopt;
+}
+
+CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
   CompiledTrace ct;
   ct.path = t.path;
+  ct.allocator = view;
+  const bool segments = view == AllocatorView::pytorch;
+  PytorchCachingAllocator framework;  // (`pytorch`)
+  struct Tensor {
+    PytorchCachingAllocator::Placement place;
+    std::uint64_t addr = 0;   // its address inside its segment
+    std::uint64_t bytes = 0;  // as the trace allocated it
+  };
+  std::unordered_map<std::uint64_t, Tensor> tensors;  // trace id -> placement (`pytorch`)
+  std::vector<std::uint32_t> segment_seq;              // segment -> its block (alloc sequence)
+  std::vector<ArgumentHit> hits;                       // a kernel's pointers (`pytorch`)
   ct.name = base_name(t.path);
   ct.header = t.header;
   ChunkAllocator arena;
@@ -116,33 +137,59 @@ CompiledTrace compile(const trace::Trace& t) {
       owner.resize(chunks, kNever);
     }
   };
+  // A block the Engine sees, on whole chunks of the arena.
+  auto place_block = [&](std::uint64_t bytes, std::uint64_t line) {
+    std::uint32_t chunks = static_cast<std::uint32_t>((bytes + kChunkBytes - 1) / kChunkBytes);
+    std::uint32_t start = arena.allocate(chunks);
+    if (arena.top() > kMaxArenaChunks) {
+      throw trace::TraceError(t.path, line,
+                              fmt::format("the blocks live at once need more than the simulator's {} of address space",
+                                          format_bytes(kMaxArenaChunks * kChunkBytes)));
+    }
+    std::uint32_t seq = static_cast<std::uint32_t>(ct.blocks.size());
+    ct.blocks.push_back({kArenaBase + std::uint64_t(start) * kChunkBytes, bytes, start, chunks});
+    grow(arena.top());
+    for (std::uint32_t c = start; c < start + chunks; ++c) owner[c] = seq;
+    ct.ops.push_back({Op::Kind::alloc, seq});
+    return seq;
+  };
 
   ct.ops.reserve(t.events.size());
   for (const trace::Event& e : t.events) {
     switch (e.kind) {
       case trace::EventKind::alloc: {
-        std::uint32_t chunks = static_cast<std::uint32_t>((e.bytes + kChunkBytes - 1) / kChunkBytes);
-        std::uint32_t start = arena.allocate(chunks);
-        if (arena.top() > kMaxArenaChunks) {
-          throw trace::TraceError(t.path, e.line,
-                                  fmt::format("the blocks live at once need more than the simulator's {} of address space",
-                                              format_bytes(kMaxArenaChunks * kChunkBytes)));
-        }
-        std::uint32_t seq = static_cast<std::uint32_t>(ct.blocks.size());
-        ct.blocks.push_back({kArenaBase + std::uint64_t(start) * kChunkBytes, e.bytes, start, chunks});
-        live[e.id] = seq;
-        grow(arena.top());
-        for (std::uint32_t c = start; c < start + chunks; ++c) owner[c] = seq;
-        live_chunk_bytes += std::uint64_t(chunks) * kChunkBytes;
+        live_chunk_bytes += (e.bytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
         ct.peak_bytes = std::max(ct.peak_bytes, live_chunk_bytes);
-        ct.ops.push_back({Op::Kind::alloc, seq});
+        if (!segments) {
+          live[e.id] = place_block(e.bytes, e.line);
+          break;
+        }
+        Tensor tensor;
+        tensor.place = framework.allocate(e.bytes);
+        tensor.bytes = e.bytes;
+        if (tensor.place.new_segment) {
+          const std::uint64_t seg_bytes = framework.segments()[tensor.place.segment];
+          segment_seq.push_back(place_block(seg_bytes, e.line));
+          ct.segment_bytes += seg_bytes;
+        }
+        tensor.addr = ct.blocks[segment_seq[tensor.place.segment]].addr + tensor.place.offset;
+        tensors[e.id] = tensor;
+        live[e.id] = segment_seq[tensor.place.segment];
         break;
       }
       case trace::EventKind::free: {
         auto it = live.find(e.id);  // the Reader guarantees it is live
+        const std::uint64_t freed = segments ? tensors.at(e.id).bytes : ct.blocks[it->second].bytes;
+        live_chunk_bytes -= (freed + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
+        if (segments) {  // back to the framework's cache: the shim sees nothing
+          auto tt = tensors.find(e.id);
+          framework.free(tt->second.place);
+          tensors.erase(tt);
+          live.erase(it);
+          break;
+        }
         const BlockPlacement& b = ct.blocks[it->second];
         arena.release(b.first_chunk, b.chunks);
-        live_chunk_bytes -= std::uint64_t(b.chunks) * kChunkBytes;
         ct.ops.push_back({Op::Kind::free, it->second});
         live.erase(it);
         break;
@@ -160,12 +207,19 @@ CompiledTrace compile(const trace::Trace& t) {
         k.access_begin = static_cast<std::uint32_t>(ct.accesses.size());
         k.touch_begin = static_cast<std::uint32_t>(ct.touches.size());
         ++event_no;
+        hits.clear();
         auto add = [&](const trace::Range& r, bool write) {
           std::uint32_t seq = live.at(r.id);
           const BlockPlacement& b = ct.blocks[seq];
-          std::uint64_t addr = b.addr + r.offset;
-          ct.accesses.push_back(Access{addr, r.bytes, write});
-          h = mix(mix(h, addr), r.bytes * 2 + (write ? 1 : 0));
+          std::uint64_t addr = (segments ? tensors.at(r.id).addr : b.addr) + r.offset;
+          if (segments) {  // the pointer the kernel is passed, found in its segment
+            if (std::none_of(hits.begin(), hits.end(), [&](const ArgumentHit& x) { return x.ptr == addr; })) {
+              hits.push_back(ArgumentHit{addr, b.addr, b.addr + b.bytes});
+            }
+          } else {
+            ct.accesses.push_back(Access{addr, r.bytes, write});
+            h = mix(mix(h, addr), r.bytes * 2 + (write ? 1 : 0));
+          }
           std::uint64_t end = addr + r.bytes;
           for (std::uint64_t a = addr; a < end;) {
             std::uint64_t chunk_end = (a / kChunkBytes + 1) * kChunkBytes;
@@ -186,6 +240,13 @@ CompiledTrace compile(const trace::Trace& t) {
         };
         for (const trace::Range& r : e.reads) add(r, false);
         for (const trace::Range& r : e.writes) add(r, true);
+        if (segments && !k.host) {
+          // What the launch hook would make of these pointers (spillway/footprint.h).
+          const std::size_t at = ct.accesses.size();
+          ct.accesses.resize(at + hits.size());
+          ct.accesses.resize(at + footprint_of(hits, std::span<Access>(ct.accesses.data() + at, hits.size())));
+          for (std::size_t i = at; i < ct.accesses.size(); ++i) h = mix(mix(h, ct.accesses[i].addr), ct.accesses[i].bytes * 2);
+        }
         k.exec_id = h;
         k.access_end = static_cast<std::uint32_t>(ct.accesses.size());
         k.touch_end = static_cast<std::uint32_t>(ct.touches.size());
@@ -239,7 +300,7 @@ CompiledTrace compile(const trace::Trace& t) {
   return ct;
 }
 
-CompiledTrace compile_file(const std::string& path) { return compile(trace::read_trace(path)); }
+CompiledTrace compile_file(const std::string& path, AllocatorView view) { return compile(trace::read_trace(path), view); }
 
 std::uint64_t min_fetches(const CompiledTrace& ct, std::uint64_t capacity_chunks) {
   return min_fetch(ct, capacity_chunks).chunks;

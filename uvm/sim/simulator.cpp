@@ -102,6 +102,7 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   CellResult r;
   r.trace = trace.name;
   r.policy = policy_name;
+  r.allocator = to_string(trace.allocator);
   r.link = params.link.name;
   r.capacity_bytes = params.capacity_bytes;
   r.capacity_frac = trace.peak_bytes == 0 ? 0.0 : static_cast<double>(params.capacity_bytes) / static_cast<double>(trace.peak_bytes);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,18 +56,32 @@ struct Op {
   std::uint32_t index;  // alloc/free: block (alloc sequence); kernel/host: kernel record; iter: n
 };
 
+// What the Engine and the Policy see of a trace's blocks (issue 12): `none`, one block per
+// trace id, each on chunks of its own, every free seen (today's view); `pytorch`, what the
+// shim sees under PyTorch's caching allocator (caching_allocator.h): the segments it
+// cudaMallocs, never freed, and each kernel's footprint as the launch hook infers it from
+// pointers into them (spillway/footprint.h). The simulated GPU charges the trace's true
+// accesses in every view (the tensors' bytes, wherever the view places them).
+enum class AllocatorView { none, pytorch };
+const char* to_string(AllocatorView view);
+// "none" or "pytorch"; nullopt otherwise.
+std::optional<AllocatorView> parse_allocator_view(const std::string& text);
+
 struct CompiledTrace {
   std::string path;
+  AllocatorView allocator = AllocatorView::none;
   std::string name;       // file name without .jsonl(.gz)
   nlohmann::json header;
-  std::vector<Op> ops;
-  std::vector<BlockPlacement> blocks;
+  std::vector<Op> ops;                 // what the Engine sees, in order
+  std::vector<BlockPlacement> blocks;  // the Engine's blocks (`pytorch`: segments)
   std::vector<KernelRecord> kernels;   // kernels and host events, in trace order
   std::vector<Access> accesses;        // per kernel: the address ranges (Policy view)
   std::vector<ChunkTouch> touches;     // per kernel: the chunks (GPU view)
   std::vector<std::string> names;
   std::uint32_t arena_chunks = 0;      // relative chunk indices are < arena_chunks
-  std::uint64_t peak_bytes = 0;        // max over time of live blocks rounded up to 2 MiB chunks
+  std::uint64_t peak_bytes = 0;        // max over time of the trace's live blocks rounded up to 2 MiB
+                                       // chunks (the same in every view)
+  std::uint64_t segment_bytes = 0;     // `pytorch`: the bytes of all segments (never freed)
   std::uint64_t compute_ns = 0;        // sum of kernel durations
   std::uint64_t kernel_count = 0;
 
@@ -78,9 +93,13 @@ struct CompiledTrace {
 // reused best-fit (smallest free range that fits, lowest address among equals; adjacent free
 // ranges merge; the arena grows only when nothing fits), as PyTorch's caching allocator
 // reuses its segments, so a training loop's addresses repeat every iteration.
-CompiledTrace compile(const trace::Trace& trace);
+// Under `pytorch` the blocks are the segments of caching_allocator.h, placed the same way
+// (each on whole chunks; never freed), the trace's blocks lie inside them, and a kernel's
+// accesses are footprint_of() its pointers (one per range: the block's address plus the
+// range's offset), all reads, as the shim would see them; its touches are its true ranges.
+CompiledTrace compile(const trace::Trace& trace, AllocatorView view = AllocatorView::none);
 // Reads (trace::read_trace) and compiles. Throws trace::TraceError.
-CompiledTrace compile_file(const std::string& path);
+CompiledTrace compile_file(const std::string& path, AllocatorView view = AllocatorView::none);
 
 // MIN_H2D of the lower bound (issue 3 §5): the misses under Belady's MIN with bypass at
 // `capacity_chunks`, over the kernels' chunk touches in order. The first touch of a chunk

@@ -18,6 +18,7 @@ namespace spillway::sim {
 struct CellResult {
   std::string trace;          // CompiledTrace::name
   std::string policy;
+  std::string allocator;      // the trace's allocator view (to_string(AllocatorView))
   std::string link;
   std::uint64_t capacity_bytes = 0;
   double capacity_frac = 0;   // capacity / peak footprint
@@ -27,7 +28,9 @@ struct CellResult {
   Stats engine;
 };
 
-// The lower bound (issue 3 §5): max(compute time, min_fetch().bytes / B_h2d), in ns.
+// The lower bound (issue 3 §5): max(compute time, min_fetch().bytes / B_h2d), in ns. It is
+// the physical limit of the trace's true accesses: compute it on the `none` view (under
+// another view, a trace's frees are hidden from the Engine but its tensors still die).
 std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, MinFetch* fetches = nullptr);
 
 // The oracle's view of `trace` (every launch's chunks with next uses) at `capacity_chunks`.
