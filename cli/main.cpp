@@ -61,9 +61,10 @@ int run(const std::vector<std::pair<std::string, std::string>>& settings, const 
     setenv(variable.c_str(), value.c_str(), 1);
     // The run's trace and report replace those of an earlier run. Each process of the run
     // creates its file exclusively (spillway/output_file.h): the first takes the name given.
+    // (Regular files only: a FIFO, a device or a symbolic link is the user's to keep.)
     if (variable == "SPILLWAY_TRACE" || variable == "SPILLWAY_REPORT") {
       std::error_code ec;
-      fs::remove(value, ec);
+      if (fs::symlink_status(value, ec).type() == fs::file_type::regular) fs::remove(value, ec);
     }
   }
   const char* previous = std::getenv("LD_PRELOAD");

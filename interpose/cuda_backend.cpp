@@ -178,13 +178,16 @@ std::vector<CUevent>& event_pool() {
 
 struct ThreadOrderEvents {
   CUevent events[2] = {nullptr, nullptr};
+  bool gone = false;  // given back: a later thread-exit destructor that launches orders nothing
   ~ThreadOrderEvents() {
+    gone = true;
     // (try_lock: exit() from a signal handler runs this on a thread that may hold the lock.)
     std::unique_lock lock(g_event_pool_mutex, std::try_to_lock);
     if (!lock.owns_lock()) return;
     try {
-      for (CUevent e : events) {
+      for (CUevent& e : events) {
         if (e != nullptr) event_pool().push_back(e);
+        e = nullptr;
       }
     } catch (...) {
     }
@@ -193,6 +196,7 @@ struct ThreadOrderEvents {
 thread_local ThreadOrderEvents t_order_events;
 
 CUevent order_event(int i) {
+  if (t_order_events.gone) return nullptr;
   CUevent& slot = t_order_events.events[i];
   if (slot != nullptr) return slot;
   {

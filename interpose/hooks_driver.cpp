@@ -21,15 +21,6 @@ constexpr std::uint64_t kPitchAlignment = 512;
 
 CUstream per_thread(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
 
-// The capture status of `stream` (already mapped: per-thread default stream for _ptsz), or the
-// driver's error for a stream it does not know (destroyed, garbage).
-CUresult capture_status(CUstream stream, CUstreamCaptureStatus* status) {
-  interpose::ShimCallScope scope;
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (real().cuStreamIsCapturing == nullptr) return CUDA_SUCCESS;
-  return real().cuStreamIsCapturing(stream, status);
-}
-
 // Redirects one device allocation to managed memory, or returns nullopt to pass it through.
 // Counts every allocation it passes through (once: callers do not count again).
 // A stream-ordered allocation is left to the driver when its stream is being captured: it
@@ -55,9 +46,10 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
   std::uint64_t addr = 0;
   Result r;
   if (stream_ordered) {
-    CUstreamCaptureStatus status;
-    if (capture_status(reinterpret_cast<CUstream>(stream), &status) != CUDA_SUCCESS) return std::nullopt;
-    if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    bool capturing = false;
+    std::uint64_t capture = 0;
+    if (interpose::capture_of(reinterpret_cast<CUstream>(stream), &capturing, &capture) != CUDA_SUCCESS) return std::nullopt;
+    if (capturing) {
       e->note_passed_through(false);
       return std::nullopt;
     }
@@ -112,10 +104,11 @@ CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUs
 CUresult free_async(CUdeviceptr dptr, CUstream stream, CUstream mapped, CUresult (*real_fn)(CUdeviceptr, CUstream)) {
   if (Engine* e = engine(); e != nullptr && dptr != 0) {
     if (e->owns_base(dptr)) {
-      CUstreamCaptureStatus status;
-      if (CUresult q = capture_status(mapped, &status); q != CUDA_SUCCESS) return q;
-      if (status != CU_STREAM_CAPTURE_STATUS_NONE) {
-        interpose::defer_captured_free(mapped, dptr);
+      bool capturing = false;
+      std::uint64_t capture = 0;
+      if (CUresult q = interpose::capture_of(mapped, &capturing, &capture); q != CUDA_SUCCESS) return q;
+      if (capturing) {
+        interpose::defer_captured_free(capture, dptr);
         return CUDA_SUCCESS;
       }
     }

@@ -327,8 +327,11 @@ struct CapturedFrees {
   bool released = false;  // guarded by g_graph_mutex
 };
 using FreesPtr = std::shared_ptr<CapturedFrees>;
-std::unordered_map<CUstream, std::vector<CUdeviceptr>>& stream_frees() {
-  static auto* m = new std::unordered_map<CUstream, std::vector<CUdeviceptr>>();
+// Keyed by capture id (cuStreamGetCaptureInfo): one capture's frees, whichever of its
+// streams (the origin, streams that joined it, a thread's per-thread default stream) they
+// were made on. (Without cuStreamGetCaptureInfo, CUDA < 12.3: keyed by the stream.)
+std::unordered_map<std::uint64_t, std::vector<CUdeviceptr>>& capture_frees() {
+  static auto* m = new std::unordered_map<std::uint64_t, std::vector<CUdeviceptr>>();
   return *m;
 }
 std::unordered_map<CUgraph, FreesPtr>& graph_frees() {
@@ -340,7 +343,9 @@ std::unordered_map<CUgraphExec, FreesPtr>& exec_frees() {
   return *m;
 }
 
-// After a graph launch the driver accepted: the frees captured into it are carried out.
+// After a graph launch the driver accepted: the frees captured into it are carried out,
+// stream-ordered after the launch; a launch into a capture makes the graph a node of that
+// capture, whose frees they become.
 void release_captured_frees(CUgraphExec exec, CUstream stream) {
   std::vector<CUdeviceptr> blocks;
   {
@@ -349,6 +354,12 @@ void release_captured_frees(CUgraphExec exec, CUstream stream) {
     if (it == exec_frees().end() || it->second->released) return;
     it->second->released = true;
     blocks = it->second->blocks;
+  }
+  bool capturing = false;
+  std::uint64_t capture = 0;
+  if (interpose::capture_of(stream, &capturing, &capture) == CUDA_SUCCESS && capturing) {
+    for (CUdeviceptr p : blocks) interpose::defer_captured_free(capture, p);
+    return;
   }
   Engine* e = interpose::engine();
   if (e == nullptr) return;
@@ -676,41 +687,21 @@ CUresult begin_capture(CUstream stream, CUresult r) {
   return r;
 }
 
-// The frees captured on `stream`, and on streams that joined its capture and no longer
-// capture now, go to the graph its capture made (with a failed capture: nowhere, never freed).
-void end_captured_frees(CUstream stream, CUgraph* graph, CUresult r) {
-  std::vector<CUstream> others;  // parked streams to ask, outside the lock
-  {
-    std::lock_guard lock(g_graph_mutex);
-    if (stream_frees().empty()) return;
-    for (const auto& [s, v] : stream_frees()) {
-      if (s != stream) others.push_back(s);
-    }
-  }
-  std::vector<CUstream> ended{stream};
-  for (CUstream s : others) {
-    interpose::ShimCallScope scope;
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (real().cuStreamIsCapturing == nullptr || real().cuStreamIsCapturing(s, &status) != CUDA_SUCCESS ||
-        status == CU_STREAM_CAPTURE_STATUS_NONE) {
-      ended.push_back(s);
-    }
-  }
-  auto frees = std::make_shared<CapturedFrees>();
+// The frees captured by capture `capture` go to the graph it made (with a failed capture:
+// nowhere, never freed).
+void end_captured_frees(std::uint64_t capture, CUgraph* graph, CUresult r) {
   std::lock_guard lock(g_graph_mutex);
-  for (CUstream s : ended) {
-    auto it = stream_frees().find(s);
-    if (it == stream_frees().end()) continue;
-    frees->blocks.insert(frees->blocks.end(), it->second.begin(), it->second.end());
-    stream_frees().erase(it);
-  }
-  if (r == CUDA_SUCCESS && graph != nullptr && *graph != nullptr && !frees->blocks.empty()) {
-    graph_frees()[*graph] = std::move(frees);
-  }
+  auto it = capture_frees().find(capture);
+  if (it == capture_frees().end()) return;
+  auto frees = std::make_shared<CapturedFrees>();
+  frees->blocks = std::move(it->second);
+  capture_frees().erase(it);
+  if (r == CUDA_SUCCESS && graph != nullptr && *graph != nullptr) graph_frees()[*graph] = std::move(frees);
 }
 
-CUresult end_capture(CUstream stream, CUgraph* graph, CUresult r) {
-  end_captured_frees(stream, graph, r);
+// `capture`: the id of the capture the stream was in before the real end call.
+CUresult end_capture(CUstream stream, CUgraph* graph, CUresult r, std::uint64_t capture) {
+  end_captured_frees(capture, graph, r);
   std::lock_guard lock(g_graph_mutex);
   // The capture is over unless the driver refused the call for a stream that was not
   // capturing (then it was not in the list either).
@@ -799,10 +790,21 @@ CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
   return begin_capture(per_thread(s), real().cuStreamBeginCapture_v2_ptsz(s, mode));
 }
 
-CUresult cuStreamEndCapture(CUstream s, CUgraph* graph) { return end_capture(s, graph, real().cuStreamEndCapture(s, graph)); }
+// The id of the capture `stream` is in (0: none, or unknown).
+std::uint64_t capture_id_of(CUstream stream) {
+  bool capturing = false;
+  std::uint64_t id = 0;
+  return interpose::capture_of(stream, &capturing, &id) == CUDA_SUCCESS && capturing ? id : 0;
+}
+
+CUresult cuStreamEndCapture(CUstream s, CUgraph* graph) {
+  const std::uint64_t capture = capture_id_of(s);
+  return end_capture(s, graph, real().cuStreamEndCapture(s, graph), capture);
+}
 
 CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph* graph) {
-  return end_capture(per_thread(s), graph, real().cuStreamEndCapture_ptsz(s, graph));
+  const std::uint64_t capture = capture_id_of(per_thread(s));
+  return end_capture(per_thread(s), graph, real().cuStreamEndCapture_ptsz(s, graph), capture);
 }
 
 CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
@@ -892,9 +894,28 @@ cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config, const voi
 
 namespace spillway::interpose {
 
-void defer_captured_free(CUstream stream, CUdeviceptr addr) {
+void defer_captured_free(std::uint64_t capture, CUdeviceptr addr) {
   std::lock_guard lock(hook::g_graph_mutex);
-  hook::stream_frees()[stream].push_back(addr);
+  hook::capture_frees()[capture].push_back(addr);
+}
+
+CUresult capture_of(CUstream stream, bool* capturing, std::uint64_t* capture) {
+  ShimCallScope scope;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r;
+  *capture = 0;
+  if (real().cuStreamGetCaptureInfo_v3 != nullptr) {
+    cuuint64_t id = 0;
+    r = real().cuStreamGetCaptureInfo_v3(stream, &status, &id, nullptr, nullptr, nullptr, nullptr);
+    *capture = id;
+  } else if (real().cuStreamIsCapturing != nullptr) {
+    r = real().cuStreamIsCapturing(stream, &status);
+    *capture = reinterpret_cast<std::uintptr_t>(stream);  // (per stream: the best there is)
+  } else {
+    r = CUDA_SUCCESS;
+  }
+  *capturing = r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
+  return r;
 }
 
 bool captures_in_progress() { return hook::g_captures.load(std::memory_order_acquire) != 0; }

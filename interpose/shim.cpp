@@ -290,8 +290,10 @@ constexpr std::chrono::milliseconds kExitLockWait{200};
 
 __attribute__((destructor)) void write_exit_report() {
   if (g_state == nullptr || g_state->engine == nullptr) return;
-  if (getpid() != g_owner_pid) return;
+  // (Before the owner check: a child forked before its parent used CUDA may have a trace of
+  // its own to close; an inherited one it drops unflushed.)
   close_trace_recorder(kExitLockWait);
+  if (getpid() != g_owner_pid) return;
   if (!log_enabled(LogLevel::info) && g_state->config.report_path.empty()) return;  // nothing asked for
   try {
     std::optional<Stats> stats = g_state->engine->stats_within(kExitLockWait);
@@ -349,10 +351,31 @@ __attribute__((constructor)) void load_settings() {
 // ---- exported symbols ----------------------------------------------------------------
 // Each exported hook: pass straight through when hooks are off, otherwise run the hook
 // body; no C++ exception crosses the C ABI.
-#define SPILLWAY_EXPORT_HOOK(symbol, ensure, ret, params, args)                  \
+//
+// A driver hook entered on a thread that is already inside one passes straight through: the
+// shim's own calls never enter the exported hooks, so that is a signal handler (or an
+// atexit handler run by exit() from one) that interrupted the shim, maybe holding its locks
+// (found in review: a cuMemFree from an atexit handler deadlocked on the allocation table's
+// lock that the interrupted launch held). Runtime hooks do not count: each leads to a driver
+// hook by design.
+namespace spillway::interpose {
+namespace {
+thread_local int t_driver_hook_depth = 0;
+}  // namespace
+struct DriverHookScope {
+  const bool nested = t_driver_hook_depth++ > 0;
+  ~DriverHookScope() { --t_driver_hook_depth; }
+};
+struct RuntimeHookScope {
+  static constexpr bool nested = false;
+};
+}  // namespace spillway::interpose
+
+#define SPILLWAY_EXPORT_HOOK(symbol, ensure, scope, ret, params, args)           \
   extern "C" SPILLWAY_EXPORT ret symbol params {                                 \
-    if (!::spillway::interpose::hooks_active() || !::spillway::interpose::ensure() || \
-        ::spillway::interpose::real().symbol == nullptr)                         \
+    ::spillway::interpose::scope hook_scope_;                                    \
+    if (hook_scope_.nested || !::spillway::interpose::hooks_active() ||          \
+        !::spillway::interpose::ensure() || ::spillway::interpose::real().symbol == nullptr) \
       return ::spillway::interpose::pass_##symbol args;                          \
     try {                                                                        \
       return ::spillway::hook::symbol args;                                      \
@@ -362,8 +385,9 @@ __attribute__((constructor)) void load_settings() {
     return ::spillway::interpose::pass_##symbol args;                           \
   }
 #define SPILLWAY_DRIVER_HOOK(symbol, base, since, variant, ret, params, args) \
-  SPILLWAY_EXPORT_HOOK(symbol, ensure_driver, ret, params, args)
-#define SPILLWAY_RUNTIME_HOOK(symbol, ret, params, args) SPILLWAY_EXPORT_HOOK(symbol, ensure_runtime, ret, params, args)
+  SPILLWAY_EXPORT_HOOK(symbol, ensure_driver, DriverHookScope, ret, params, args)
+#define SPILLWAY_RUNTIME_HOOK(symbol, ret, params, args) \
+  SPILLWAY_EXPORT_HOOK(symbol, ensure_runtime, RuntimeHookScope, ret, params, args)
 #include "hooks.def"
 
 // The exported `dlsym` entry is in dlsym_entry.cpp (compiled without sanitizer

@@ -82,6 +82,7 @@ class TraceRecorder final : public EngineObserver {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    opened_ = true;  // an event after the close opens nothing that would never be closed
     if (!writer_) return;
     if (getpid() != owner_) {
       (void)writer_.release();  // a forked child: the parent owns the file and its buffer

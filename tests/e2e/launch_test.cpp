@@ -118,7 +118,8 @@ TEST(Launch, NothingIsIssuedOnACapturingStream) {
   for (const std::string& line : lines_with(log, "capturing=1")) {
     std::string fn = line.substr(0, line.find(' '));
     // The program's own launch and end of capture, and the shim's query: no work issued.
-    EXPECT_TRUE(fn == "cuLaunchKernel" || fn == "cuStreamEndCapture" || fn == "cuStreamIsCapturing")
+    EXPECT_TRUE(fn == "cuLaunchKernel" || fn == "cuStreamEndCapture" || fn == "cuStreamIsCapturing" ||
+                fn == "cuStreamGetCaptureInfo_v3")
         << "the shim issued on a capturing stream: " << line;
     if (fn == "cuLaunchKernel") ++captured_launches;
   }
@@ -261,7 +262,8 @@ TEST(Launch, NothingIsIssuedOnACapturingStreamUnderLearned) {
   std::string log = read_file(dir + "/log");
   for (const std::string& line : lines_with(log, "capturing=1")) {
     std::string fn = line.substr(0, line.find(' '));
-    EXPECT_TRUE(fn == "cuLaunchKernel" || fn == "cuStreamEndCapture" || fn == "cuStreamIsCapturing")
+    EXPECT_TRUE(fn == "cuLaunchKernel" || fn == "cuStreamEndCapture" || fn == "cuStreamIsCapturing" ||
+                fn == "cuStreamGetCaptureInfo_v3")
         << "the shim issued on a capturing stream: " << line;
   }
   EXPECT_FALSE(lines_with(log, "cuMemPrefetchAsync_v2 ").empty()) << "learned issued nothing at all";

@@ -151,6 +151,7 @@ struct Event {
 struct Stream {
   bool capturing = false;
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  uint64_t capture_id = 0;  // the capture in progress (1, 2, ... per process)
   unsigned flags = 0;
   int priority = 0;
   // ASYNC mode: work not yet complete, in order. An op is an event to complete, a

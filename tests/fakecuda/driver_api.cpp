@@ -348,8 +348,31 @@ CUresult begin_capture(Call& c, CUstream stream, CUstreamCaptureMode mode) {
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   if (is_default_stream(stream)) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  static uint64_t captures = 0;  // (stream_mutex)
   s->capturing = true;
   s->mode = mode;
+  s->capture_id = ++captures;
+  return CUDA_SUCCESS;
+}
+
+// Status and id only (graphs are opaque: no graph, no dependencies).
+CUresult capture_info(Call& c, CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                      const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* ndeps) {
+  c.stream(stream);
+  FC_CHECK(c);
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(stream_mutex());
+  Stream* s = lookup_stream(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  *status = s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+  if (s->capturing) {
+    if (id) *id = s->capture_id;
+    if (graph) *graph = nullptr;
+    if (deps) *deps = nullptr;
+    if (edges) *edges = nullptr;
+    if (ndeps) *ndeps = 0;
+    c.dec("id", s->capture_id);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -1060,6 +1083,17 @@ CUresult CUDAAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) 
 CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus* status) {
   return api("cuStreamIsCapturing_ptsz", "cuStreamIsCapturing", kCtx,
              [&](Call& c) { return is_capturing(c, s, status); });
+}
+CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                                           const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* ndeps) {
+  return api("cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo", kCtx,
+             [&](Call& c) { return capture_info(c, s, status, id, graph, deps, edges, ndeps); });
+}
+CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                                CUgraph* graph, const CUgraphNode** deps, const CUgraphEdgeData** edges,
+                                                size_t* ndeps) {
+  return api("cuStreamGetCaptureInfo_v3_ptsz", "cuStreamGetCaptureInfo", kCtx,
+             [&](Call& c) { return capture_info(c, s, status, id, graph, deps, edges, ndeps); });
 }
 CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
   return api("cuStreamBeginCapture_v2", "cuStreamBeginCapture", kCtx,

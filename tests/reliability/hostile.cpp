@@ -15,12 +15,15 @@
 //   churn N           N short-lived threads, each launching one kernel on a shared block.
 //   exit_in_handler USEC  launches of a kernel on 8 of 64 blocks in a loop until SIGALRM
 //                     (after USEC µs) exits from its handler with status 3.
+//   fork_child        forks before any CUDA call; the child allocates, launches 5 kernels,
+//                     frees and exits; the parent waits and never uses CUDA.
 //   race_frees T N    T threads, each N times: allocate, launch on it and on a shared block,
 //                     free, with a second stream-ordered block. Prints "launches=L".
 #include <cuda.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -213,6 +216,31 @@ int exit_in_handler(long usec) {
   }
 }
 
+int fork_child() {
+  pid_t pid = fork();
+  if (pid < 0) return 2;
+  if (pid == 0) {
+    init_context();
+    CUmodule m = nullptr;
+    CUfunction f = nullptr;
+    CHECK(cuModuleLoadData(&m, "fill_u32(8,8,4)"));
+    CHECK(cuModuleGetFunction(&f, m, "fill_u32"));
+    CUdeviceptr p = 0;
+    CHECK(cuMemAlloc(&p, 1 << 20));
+    unsigned long long count = 16;
+    for (unsigned i = 0; i < 5; ++i) {
+      void* params[] = {&p, &count, &i};
+      launch1(f, params);
+    }
+    CHECK(cuMemFree(p));
+    std::exit(0);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return 1;
+  std::printf("child=%d\n", static_cast<int>(pid));
+  return 0;
+}
+
 int race_frees(int nthreads, int n) {
   CUcontext ctx = nullptr;
   CHECK(cuCtxGetCurrent(&ctx));
@@ -258,6 +286,7 @@ int main(int argc, char** argv) {
   if (argc < 2) return 2;
   std::string mode = argv[1];
   long arg = argc > 2 ? std::atol(argv[2]) : 0;
+  if (mode == "fork_child") return fork_child();
   init_context();
   if (mode == "reload") return reload(argc > 2 && std::string(argv[2]) == "library");
   if (mode == "extra_buffer") return extra_buffer();

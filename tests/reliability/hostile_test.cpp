@@ -2,6 +2,10 @@
 // (tests/reliability/hostile.cpp) that must run under the shim exactly as it runs without it.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -112,6 +116,38 @@ TEST(Hostile, ExitFromASignalHandlerDuringLaunchesNeverHangs) {
     RunResult r = hostile({"exit_in_handler", std::to_string(20000 + 7919 * i)}, env(true, e), 15);
     EXPECT_EQ(r.status, 3) << "run " << i << ": " << describe(r);
   }
+}
+
+// Issue 18, item 7 (found in review): a child forked before its parent used CUDA records a
+// trace of its own, and closes it at exit.
+TEST(Hostile, AChildForkedBeforeCudaWritesAWholeTrace) {
+  for (const std::string name : {"t.jsonl", "t.jsonl.gz"}) {
+    std::string dir = temp_dir();
+    RunResult r = hostile({"fork_child"}, env(true, {{"SPILLWAY_TRACE", dir + "/" + name}}));
+    ASSERT_EQ(r.status, 0) << describe(r);
+    RunResult replay = run({SPILLWAY_CLI, "replay", dir + "/" + name, "--policy", "demand", "--capacity", "1GiB"}, {});
+    EXPECT_EQ(replay.status, 0) << name << ": " << describe(replay);
+    EXPECT_NE(replay.out.find("kernels 5,"), std::string::npos) << name << ": " << replay.out;
+  }
+}
+
+// Output paths that are not regular files are written as they are, and `spillway run`
+// removes none of them (found in review: it deleted a symbolic link and would have taken
+// /dev/null's name for a file of its own).
+TEST(Hostile, OutputsThatAreNotRegularFilesAreWrittenAsTheyAre) {
+  std::string dir = temp_dir();
+  std::string target = dir + "/target.json", link = dir + "/link.json";
+  { std::FILE* f = std::fopen(target.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  RunResult r = run({SPILLWAY_CLI, "run", "--report", link, "--trace", "/dev/null", "--", kProgram, "churn", "2"},
+                    env(false));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "") << "no other file was taken for /dev/null or the link";
+  struct stat st {};
+  ASSERT_EQ(lstat(link.c_str(), &st), 0) << "the link was removed";
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  nlohmann::json j = report(target);
+  EXPECT_EQ(j["allocations"]["redirected"], 4) << "the report went through the link: " << j.dump();
 }
 
 // 9. Threads allocating, launching and freeing: no prefetch or advice reaches the driver

@@ -124,7 +124,8 @@ TEST(OtherShims, FreeAndLaunchInsideACaptureKeepTheCaptureValid) {
   int launches = 0;
   for (const std::string& line : lines_with(text, "capturing=1")) {
     std::string sym = line.substr(0, line.find(' '));
-    EXPECT_TRUE(sym == "cuLaunchKernel" || sym == "cuStreamIsCapturing" || sym == "cuStreamEndCapture")
+    EXPECT_TRUE(sym == "cuLaunchKernel" || sym == "cuStreamIsCapturing" || sym == "cuStreamGetCaptureInfo_v3" ||
+                sym == "cuStreamEndCapture")
         << line << "\n" << text;
     EXPECT_EQ(line.substr(line.size() - 5), " -> 0") << line;
     launches += sym == "cuLaunchKernel";

@@ -338,6 +338,34 @@ TEST(EngineLaunch, NoMoveReachesTheDriverForABlockFreedMeanwhile) {
 // Issue 18, item 9: threads allocating, launching and freeing at once. Whatever the
 // interleaving — a table check passed just before another thread's free, a plan carried out
 // after it — no prefetch or advice may reach the Backend for a range already freed.
+// A free on the very thread that is issuing a move (a signal handler's, or an atexit
+// handler's after exit() from one) must not wait for that move: the thread would wait for
+// itself (found in review). Without the fix this test hangs.
+TEST(EngineLaunch, AFreeInsideAMoveOnTheSameThreadDoesNotWaitForItself) {
+  LiveBlocksBackend backend(2 * kChunkBytes);
+  Engine engine(Config{}, backend, std::make_unique<PlanOnly>());
+  std::uint64_t x = 0, y = 0, z = 0, w = 0, seq = 0;
+  for (std::uint64_t* b : {&x, &y, &z, &w}) ASSERT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, b).ok());
+  auto launch = [&](std::vector<Access> acc) {
+    Launch l;
+    l.seq = seq++;
+    l.name = "k";
+    l.accesses = acc;
+    engine.launch(l);
+  };
+  launch({{x, kChunkBytes, false}});
+  launch({{y, kChunkBytes, false}});
+  bool freed = false;
+  backend.in_prefetch = [&] {
+    bool ours = false;
+    freed = engine.release(y, std::nullopt, &ours).ok() && ours;
+  };
+  launch({{z, kChunkBytes, false}, {w, kChunkBytes, false}});  // evicts x, then y
+  EXPECT_TRUE(freed);
+  std::lock_guard lock(backend.mutex);
+  EXPECT_TRUE(backend.dead.empty()) << "y's eviction, planned before its free, was still skipped";
+}
+
 TEST(EngineLaunch, NoMoveOrAdviceReachesTheBackendForAFreedRangeUnderThreads) {
   for (const char* policy : {"learned", "sequential", "advise"}) {
     LiveBlocksBackend backend(3 * kChunkBytes);

@@ -158,6 +158,13 @@ class Engine::Residency final : public VictimQuery {
   std::uint32_t head_ = kNil, tail_ = kNil;
 };
 
+namespace {
+// The calling thread's own sections in progress, per slot: a free made on a thread inside a
+// section (exit() from a signal handler that interrupted one, then a free at exit) must not
+// wait for itself.
+thread_local std::uint32_t t_own_sections[2] = {0, 0};
+}  // namespace
+
 // engine.h, "IssueSection". Entering reads the epoch, counts itself in that epoch's slot and
 // checks that the epoch has not moved meanwhile (else it counts itself again in the new one).
 class Engine::IssueSection {
@@ -166,12 +173,17 @@ class Engine::IssueSection {
     for (;;) {
       const std::uint64_t epoch = e_.issue_epoch_.load();
       slot_ = static_cast<unsigned>(epoch & 1);
+      ++t_own_sections[slot_];
       e_.issuing_[slot_].fetch_add(1);
       if (e_.issue_epoch_.load() == epoch) return;
       e_.issuing_[slot_].fetch_sub(1);
+      --t_own_sections[slot_];
     }
   }
-  ~IssueSection() { e_.issuing_[slot_].fetch_sub(1); }
+  ~IssueSection() {
+    e_.issuing_[slot_].fetch_sub(1);
+    --t_own_sections[slot_];
+  }
   IssueSection(const IssueSection&) = delete;
   IssueSection& operator=(const IssueSection&) = delete;
 
@@ -182,15 +194,33 @@ class Engine::IssueSection {
 
 void Engine::wait_for_issuers() {
   // (The caller's block has left the table: a section that could still name it is counted
-  // now. None counted: none can.)
-  if (issuing_[0].load() == 0 && issuing_[1].load() == 0) return;
-  std::lock_guard lock(grace_mutex_);
+  // now. None counted but the caller's own: none can.)
+  if (issuing_[0].load() == t_own_sections[0] && issuing_[1].load() == t_own_sections[1]) return;
+  std::unique_lock lock(grace_mutex_, std::try_to_lock);
+  // (Another thread's wait is flipping: wait for it — unless this thread interrupted its own
+  // wait, the only way it could hold the lock already.)
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (!lock.owns_lock()) {
+    if (std::chrono::steady_clock::now() > give_up) break;
+    std::this_thread::yield();
+    lock.try_lock();
+  }
   const std::uint64_t old = issue_epoch_.fetch_add(1);
   // Sections of the epoch before `old` were waited for by the previous flip; those entered
-  // from now on count in the other slot. A section is a few driver calls that enqueue work.
-  for (int spins = 0; issuing_[old & 1].load() != 0; ++spins) {
-    if (spins < 1024) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  // from now on count in the other slot. A section is a few driver calls that enqueue work:
+  // one still in progress after a second is a driver stuck in a call, and the host must not
+  // hang with it (the free then goes ahead, logged once).
+  for (int spins = 0; issuing_[old & 1].load() > t_own_sections[old & 1]; ++spins) {
+    if (spins < 1024) {
+      std::this_thread::yield();
+      continue;
+    }
+    if (std::chrono::steady_clock::now() > give_up) {
+      SPILLWAY_LOG_ONCE(LogLevel::warn, "a free waited 1 s for a prefetch or advice being issued on another thread; "
+                                        "freeing anyway");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 }
 
@@ -635,12 +665,13 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     if (Result st = backend_.capture_status(*stream, &capturing); !st.ok()) return st;
   }
   if (!claim_release(addr, live->id)) return Result{Status::invalid_value, 0};  // another thread frees it
-  std::optional<Block> block = table_.erase(addr);
-  if (!block) {  // (cannot happen while every erase holds a claim)
+  // Under the claim no other thread erases `addr`; but between find_base() and the claim
+  // another thread may have freed this block wholly (and a new one may lie there now).
+  if (std::optional<Block> now = table_.find_base(addr); !now || now->id != live->id) {
     end_release(addr, live->id);
-    *ours = false;
-    return Result{};
+    return release(addr, stream, ours);  // as if called now
   }
+  std::optional<Block> block = table_.erase(addr);
   // From here until the block's chunks have left the plan, a plan may still move them: such
   // plans check their blocks in the table when carried out (frees_at_plan). (One carried out
   // before this count moves, moves them before the driver frees the block: no harm.)

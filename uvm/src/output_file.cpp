@@ -1,6 +1,7 @@
 #include "spillway/output_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,6 +35,9 @@ bool create_exclusive(const std::string& path, int* err) {
 }  // namespace
 
 std::string claim_output_file(const std::string& path, std::string* error) {
+  // Not a regular file (a FIFO, /dev/stdout, a symbolic link): written as it is, shared.
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return path;
   int err = 0;
   if (create_exclusive(path, &err)) return path;
   if (err != EEXIST) {

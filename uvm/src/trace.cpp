@@ -57,7 +57,12 @@ const char* to_string(EventKind kind) {
 class ByteSource {
  public:
   explicit ByteSource(std::FILE* f) : f_(f), in_(kReadChunk) {
-    gzip_ = byte_at(0) == 0x1f && byte_at(1) == 0x8b;
+    try {
+      gzip_ = byte_at(0) == 0x1f && byte_at(1) == 0x8b;
+    } catch (...) {
+      std::fclose(f_);  // (the destructor does not run when the constructor throws)
+      throw;
+    }
     if (gzip_ && inflateInit2(&zs_, 16 + MAX_WBITS) != Z_OK) {
       std::fclose(f_);
       throw std::runtime_error("cannot start zlib's inflate");

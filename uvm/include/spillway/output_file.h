@@ -13,8 +13,10 @@ namespace spillway {
 // run, or left from an earlier run — the process id is put before the name's extensions
 // ("t.jsonl.gz" -> "t.4242.jsonl.gz", "report" -> "report.4242") and that is created the
 // same way. Returns "" and sets *error to a one-line reason naming the file when neither
-// can be created. Thread-safe. (`spillway run` removes the files it names before it starts
-// the program, so within one run only a second process gets the suffixed name.)
+// can be created. A path that exists and is not a regular file (a FIFO, a device such as
+// /dev/stdout, a symbolic link) is returned as it is, to be written as it is. Thread-safe.
+// (`spillway run` removes the regular files it names before it starts the program, so
+// within one run only a second process gets the suffixed name.)
 std::string claim_output_file(const std::string& path, std::string* error);
 
 // `path` with `.<pid>` before the extensions of its last component.
