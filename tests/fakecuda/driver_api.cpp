@@ -1186,99 +1186,78 @@ CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
 }
 
 // ---- modules and launches -------------------------------------------------------------------------
-CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
-  return api("cuModuleLoadData", "cuModuleLoadData", kCtx, [&](Call& c) {
-    FC_CHECK(c);
-    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
-    auto* m = new Module;
-    if (!parse_module(static_cast<const char*>(image), m)) {
-      delete m;
-      return CUDA_ERROR_INVALID_IMAGE;
+// Modules and libraries (CUDA 12+) share one implementation: a library is a module under a
+// context-independent handle, and a CUkernel is the Function itself, so cuLaunchKernel and
+// cuFuncGetParamInfo accept it as a CUfunction.
+namespace {
+CUresult load_image(Call& c, const void* image, Module** out, const char* key) {
+  FC_CHECK(c);
+  if (!out || !image) return CUDA_ERROR_INVALID_VALUE;
+  auto* m = new Module;
+  if (!parse_module(static_cast<const char*>(image), m)) {
+    delete m;
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  register_module(m);
+  *out = m;
+  c.ptr(key, m).dec("functions", m->functions.size());
+  return CUDA_SUCCESS;
+}
+
+CUresult find_kernel(Call& c, void* handle, const char* handle_key, const char* name, void** out, const char* key) {
+  c.ptr(handle_key, handle).str("name", name);
+  FC_CHECK(c);
+  if (!out || !handle || !name) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_module(static_cast<CUmodule>(handle))) return CUDA_ERROR_INVALID_HANDLE;
+  for (Function* f : static_cast<Module*>(handle)->handles) {
+    if (f->name == name) {
+      *out = f;
+      c.ptr(key, f);
+      return CUDA_SUCCESS;
     }
-    register_module(m);
-    *module = reinterpret_cast<CUmodule>(m);
-    c.ptr("module", *module).dec("functions", m->functions.size());
-    return CUDA_SUCCESS;
-  });
+  }
+  return CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult unload_image(Call& c, void* handle, const char* key) {
+  c.ptr(key, handle);
+  FC_CHECK(c);
+  if (!handle) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_module(static_cast<CUmodule>(handle))) return CUDA_ERROR_INVALID_HANDLE;
+  auto* m = static_cast<Module*>(handle);
+  unregister_module(m);
+  delete m;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
+  return api("cuModuleLoadData", "cuModuleLoadData", kCtx,
+             [&](Call& c) { return load_image(c, image, reinterpret_cast<Module**>(module), "module"); });
 }
 
 CUresult CUDAAPI cuModuleGetFunction(CUfunction* func, CUmodule module, const char* name) {
-  return api("cuModuleGetFunction", "cuModuleGetFunction", kCtx, [&](Call& c) {
-    c.ptr("module", module).str("name", name);
-    FC_CHECK(c);
-    if (!func || !module || !name) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_module(module)) return CUDA_ERROR_INVALID_HANDLE;
-    for (Function* f : reinterpret_cast<Module*>(module)->handles) {
-      if (f->name == name) {
-        *func = reinterpret_cast<CUfunction>(f);
-        c.ptr("func", *func);
-        return CUDA_SUCCESS;
-      }
-    }
-    return CUDA_ERROR_NOT_FOUND;
-  });
+  return api("cuModuleGetFunction", "cuModuleGetFunction", kCtx,
+             [&](Call& c) { return find_kernel(c, module, "module", name, reinterpret_cast<void**>(func), "func"); });
 }
 
 CUresult CUDAAPI cuModuleUnload(CUmodule module) {
-  return api("cuModuleUnload", "cuModuleUnload", kCtx, [&](Call& c) {
-    c.ptr("module", module);
-    FC_CHECK(c);
-    if (!module) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_module(module)) return CUDA_ERROR_INVALID_HANDLE;
-    auto* m = reinterpret_cast<Module*>(module);
-    unregister_module(m);
-    delete m;
-    return CUDA_SUCCESS;
-  });
+  return api("cuModuleUnload", "cuModuleUnload", kCtx, [&](Call& c) { return unload_image(c, module, "module"); });
 }
 
-// Libraries (CUDA 12+): the same modules under a context-independent handle; a CUkernel is
-// the Function itself, so cuLaunchKernel and cuFuncGetParamInfo accept it as a CUfunction.
 CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**, unsigned int,
                                    CUlibraryOption*, void**, unsigned int) {
-  return api("cuLibraryLoadData", "cuLibraryLoadData", kCtx, [&](Call& c) {
-    FC_CHECK(c);
-    if (!library || !code) return CUDA_ERROR_INVALID_VALUE;
-    auto* m = new Module;
-    if (!parse_module(static_cast<const char*>(code), m)) {
-      delete m;
-      return CUDA_ERROR_INVALID_IMAGE;
-    }
-    register_module(m);
-    *library = reinterpret_cast<CUlibrary>(m);
-    c.ptr("library", *library).dec("functions", m->functions.size());
-    return CUDA_SUCCESS;
-  });
+  return api("cuLibraryLoadData", "cuLibraryLoadData", kCtx,
+             [&](Call& c) { return load_image(c, code, reinterpret_cast<Module**>(library), "library"); });
 }
 
 CUresult CUDAAPI cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
-  return api("cuLibraryGetKernel", "cuLibraryGetKernel", kCtx, [&](Call& c) {
-    c.ptr("library", library).str("name", name);
-    FC_CHECK(c);
-    if (!kernel || !library || !name) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_module(reinterpret_cast<CUmodule>(library))) return CUDA_ERROR_INVALID_HANDLE;
-    for (Function* f : reinterpret_cast<Module*>(library)->handles) {
-      if (f->name == name) {
-        *kernel = reinterpret_cast<CUkernel>(f);
-        c.ptr("kernel", *kernel);
-        return CUDA_SUCCESS;
-      }
-    }
-    return CUDA_ERROR_NOT_FOUND;
-  });
+  return api("cuLibraryGetKernel", "cuLibraryGetKernel", kCtx,
+             [&](Call& c) { return find_kernel(c, library, "library", name, reinterpret_cast<void**>(kernel), "kernel"); });
 }
 
 CUresult CUDAAPI cuLibraryUnload(CUlibrary library) {
-  return api("cuLibraryUnload", "cuLibraryUnload", kCtx, [&](Call& c) {
-    c.ptr("library", library);
-    FC_CHECK(c);
-    if (!library) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_module(reinterpret_cast<CUmodule>(library))) return CUDA_ERROR_INVALID_HANDLE;
-    auto* m = reinterpret_cast<Module*>(library);
-    unregister_module(m);
-    delete m;
-    return CUDA_SUCCESS;
-  });
+  return api("cuLibraryUnload", "cuLibraryUnload", kCtx, [&](Call& c) { return unload_image(c, library, "library"); });
 }
 
 CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t index, size_t* offset, size_t* size) {

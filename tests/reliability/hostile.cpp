@@ -45,6 +45,14 @@ unsigned char* before_guard_page(std::size_t bytes) {
   return p + page - bytes;
 }
 
+CUfunction load_kernel(const char* image, const char* name) {
+  CUmodule m = nullptr;
+  CUfunction f = nullptr;
+  CHECK(cuModuleLoadData(&m, image));
+  CHECK(cuModuleGetFunction(&f, m, name));
+  return f;
+}
+
 void launch1(CUfunction f, void** params, CUstream s = nullptr) {
   CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, params, nullptr));
 }
@@ -99,10 +107,7 @@ int reload(bool library) {
 int extra_buffer() {
   CUdeviceptr p = 0;
   CHECK(cuMemAlloc(&p, 1 << 20));
-  CUmodule m = nullptr;
-  CUfunction f = nullptr;
-  CHECK(cuModuleLoadData(&m, "one_k(8)"));
-  CHECK(cuModuleGetFunction(&f, m, "one_k"));
+  CUfunction f = load_kernel("one_k(8)", "one_k");
   unsigned char* buffer = before_guard_page(8);
   std::memcpy(buffer, &p, 8);
   size_t claimed = 64 << 10;
@@ -172,10 +177,7 @@ int double_free(int n) {
 int churn(int n) {
   CUcontext ctx = nullptr;
   CHECK(cuCtxGetCurrent(&ctx));
-  CUmodule m = nullptr;
-  CUfunction f = nullptr;
-  CHECK(cuModuleLoadData(&m, "fill_u32(8,8,4)"));
-  CHECK(cuModuleGetFunction(&f, m, "fill_u32"));
+  CUfunction f = load_kernel("fill_u32(8,8,4)", "fill_u32");
   std::vector<CUdeviceptr> blocks(4);
   for (CUdeviceptr& b : blocks) CHECK(cuMemAlloc(&b, 4 << 20));
   for (int i = 0; i < n; ++i) {
@@ -197,9 +199,7 @@ int churn(int n) {
 CUfunction g_fill = nullptr;
 
 int exit_in_handler(long usec) {
-  CUmodule m = nullptr;
-  CHECK(cuModuleLoadData(&m, "many_k(8,8,8,8,8,8,8,8)"));
-  CHECK(cuModuleGetFunction(&g_fill, m, "many_k"));
+  g_fill = load_kernel("many_k(8,8,8,8,8,8,8,8)", "many_k");
   std::vector<CUdeviceptr> blocks(64);
   for (CUdeviceptr& b : blocks) CHECK(cuMemAlloc(&b, 2 << 20));
   signal(SIGALRM, [](int) { std::exit(3); });
@@ -221,10 +221,7 @@ int fork_child() {
   if (pid < 0) return 2;
   if (pid == 0) {
     init_context();
-    CUmodule m = nullptr;
-    CUfunction f = nullptr;
-    CHECK(cuModuleLoadData(&m, "fill_u32(8,8,4)"));
-    CHECK(cuModuleGetFunction(&f, m, "fill_u32"));
+    CUfunction f = load_kernel("fill_u32(8,8,4)", "fill_u32");
     CUdeviceptr p = 0;
     CHECK(cuMemAlloc(&p, 1 << 20));
     unsigned long long count = 16;
@@ -244,10 +241,7 @@ int fork_child() {
 int race_frees(int nthreads, int n) {
   CUcontext ctx = nullptr;
   CHECK(cuCtxGetCurrent(&ctx));
-  CUmodule m = nullptr;
-  CUfunction add = nullptr;
-  CHECK(cuModuleLoadData(&m, "add_u32(8,8,8,8)"));
-  CHECK(cuModuleGetFunction(&add, m, "add_u32"));
+  CUfunction add = load_kernel("add_u32(8,8,8,8)", "add_u32");
   CUdeviceptr shared = 0;
   CHECK(cuMemAlloc(&shared, 4 << 20));
   std::atomic<long> launches{0};
