@@ -170,11 +170,13 @@ bool g_evicted = false;  // guarded by g_evicted_mutex
 // gives them back when it exits; so a program that runs thousands of short-lived threads
 // makes as many events as it has threads at once, not one pair per thread. Never destroyed:
 // the driver may be unloading at exit.
+// A fixed array: giving events back allocates nothing (a thread may exit inside exit()
+// called from a signal handler). Past its size, events are kept by their thread's slot and
+// lost with it (never in practice: it holds two per thread alive at once).
+constexpr std::size_t kEventPool = 512;
 std::mutex g_event_pool_mutex;
-std::vector<CUevent>& event_pool() {
-  static auto* pool = new std::vector<CUevent>();  // never destroyed: threads exit during exit()
-  return *pool;
-}
+std::array<CUevent, kEventPool> g_event_pool{};  // guarded by g_event_pool_mutex
+std::size_t g_event_pool_size = 0;               // guarded by g_event_pool_mutex
 
 struct ThreadOrderEvents {
   CUevent events[2] = {nullptr, nullptr};
@@ -184,12 +186,9 @@ struct ThreadOrderEvents {
     // (try_lock: exit() from a signal handler runs this on a thread that may hold the lock.)
     std::unique_lock lock(g_event_pool_mutex, std::try_to_lock);
     if (!lock.owns_lock()) return;
-    try {
-      for (CUevent& e : events) {
-        if (e != nullptr) event_pool().push_back(e);
-        e = nullptr;
-      }
-    } catch (...) {
+    for (CUevent& e : events) {
+      if (e != nullptr && g_event_pool_size < kEventPool) g_event_pool[g_event_pool_size++] = e;
+      e = nullptr;
     }
   }
 };
@@ -201,9 +200,8 @@ CUevent order_event(int i) {
   if (slot != nullptr) return slot;
   {
     std::lock_guard lock(g_event_pool_mutex);
-    if (!event_pool().empty()) {
-      slot = event_pool().back();
-      event_pool().pop_back();
+    if (g_event_pool_size > 0) {
+      slot = g_event_pool[--g_event_pool_size];
       return slot;
     }
   }

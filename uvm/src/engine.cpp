@@ -244,25 +244,54 @@ void Engine::send_checked(const Action& a, int device) {
   }
 }
 
+Engine::ClaimShard& Engine::claim_shard(std::uint64_t addr) {
+  return claims_[(addr >> 8) * 0x9e3779b97f4a7c15ull >> (64 - 6)];  // (blocks are 256 B aligned)
+}
+
 bool Engine::claim_release(std::uint64_t addr, std::uint64_t id) {
-  std::lock_guard lock(releasing_mutex_);
-  if (!releasing_.try_emplace(addr, id).second) return false;
+  ClaimShard& s = claim_shard(addr);
+  std::lock_guard lock(s.mutex);
+  for (const auto& [a, i] : s.claims) {
+    if (a == addr) return false;
+  }
+  s.claims.emplace_back(addr, id);
   releasing_count_.fetch_add(1);
   return true;
 }
 
 void Engine::end_release(std::uint64_t addr, std::uint64_t id) {
-  std::lock_guard lock(releasing_mutex_);
-  auto it = releasing_.find(addr);
-  if (it == releasing_.end() || it->second != id) return;  // (a block allocated there since dropped it)
-  releasing_.erase(it);
-  releasing_count_.fetch_sub(1);
+  ClaimShard& s = claim_shard(addr);
+  std::lock_guard lock(s.mutex);
+  for (auto& c : s.claims) {
+    if (c.first != addr) continue;
+    if (c.second != id) return;  // (a block allocated there since dropped it)
+    c = s.claims.back();
+    s.claims.pop_back();
+    releasing_count_.fetch_sub(1);
+    return;
+  }
+}
+
+void Engine::drop_stale_claim(std::uint64_t addr) {
+  ClaimShard& s = claim_shard(addr);
+  std::lock_guard lock(s.mutex);
+  for (auto& c : s.claims) {
+    if (c.first != addr) continue;
+    c = s.claims.back();
+    s.claims.pop_back();
+    releasing_count_.fetch_sub(1);
+    return;
+  }
 }
 
 bool Engine::being_released(std::uint64_t addr) {
   if (releasing_count_.load() == 0) return false;
-  std::lock_guard lock(releasing_mutex_);
-  return releasing_.count(addr) != 0;
+  ClaimShard& s = claim_shard(addr);
+  std::lock_guard lock(s.mutex);
+  for (const auto& c : s.claims) {
+    if (c.first == addr) return true;
+  }
+  return false;
 }
 
 Engine::Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy)
@@ -339,11 +368,8 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
     unreserve(bytes);
     return r;
   }
-  if (releasing_count_.load() != 0) {
-    // The driver has freed a block here, and its releaser has not dropped its claim yet.
-    std::lock_guard lock(releasing_mutex_);
-    if (releasing_.erase(base) != 0) releasing_count_.fetch_sub(1);
-  }
+  // The driver has freed a block here, and its releaser may not have dropped its claim yet.
+  if (releasing_count_.load() != 0) drop_stale_claim(base);
   Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device_};
   if (!table_.insert(block)) {
     // The driver handed out a range we still hold: our table is wrong. Keep the program
@@ -667,11 +693,11 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   if (!claim_release(addr, live->id)) return Result{Status::invalid_value, 0};  // another thread frees it
   // Under the claim no other thread erases `addr`; but between find_base() and the claim
   // another thread may have freed this block wholly (and a new one may lie there now).
-  if (std::optional<Block> now = table_.find_base(addr); !now || now->id != live->id) {
+  std::optional<Block> block = table_.erase(addr, live->id);
+  if (!block) {
     end_release(addr, live->id);
     return release(addr, stream, ours);  // as if called now
   }
-  std::optional<Block> block = table_.erase(addr);
   // From here until the block's chunks have left the plan, a plan may still move them: such
   // plans check their blocks in the table when carried out (frees_at_plan). (One carried out
   // before this count moves, moves them before the driver frees the block: no harm.)

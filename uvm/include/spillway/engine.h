@@ -4,6 +4,7 @@
 // a SimBackend.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -11,7 +12,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -226,9 +226,16 @@ class Engine {
   // overlaps (clipped to the block).
   void send_checked(const Action& action, int device);
   // Release claims (release()): one per block between leaving the table and the Backend's
-  // free, keyed by base.
+  // free, keyed by base, in 64 shards by address (a few claims each: no allocation once
+  // warm, no lock shared by all frees).
+  struct ClaimShard {
+    std::mutex mutex;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> claims;  // (base, block id)
+  };
+  ClaimShard& claim_shard(std::uint64_t addr);
   bool claim_release(std::uint64_t addr, std::uint64_t id);
   void end_release(std::uint64_t addr, std::uint64_t id);
+  void drop_stale_claim(std::uint64_t addr);  // any claim at `addr` (allocate(): the driver reused it)
   bool being_released(std::uint64_t addr);
 
   bool reserve(std::uint64_t bytes);
@@ -268,8 +275,7 @@ class Engine {
   std::atomic<std::uint64_t> issue_epoch_{0};
   std::atomic<std::uint64_t> issuing_[2] = {0, 0};  // sections in progress, per epoch parity
   std::mutex grace_mutex_;                          // one wait_for_issuers() flips at a time
-  std::mutex releasing_mutex_;
-  std::unordered_map<std::uint64_t, std::uint64_t> releasing_;  // base -> block id; releasing_mutex_
+  std::array<ClaimShard, 64> claims_;
   std::atomic<std::size_t> releasing_count_{0};
 
   mutable std::mutex mutex_;  // guards policy_, pending_ and the counters below
