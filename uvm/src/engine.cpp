@@ -248,23 +248,24 @@ Engine::ClaimShard& Engine::claim_shard(std::uint64_t addr) {
   return claims_[(addr >> 8) * 0x9e3779b97f4a7c15ull >> (64 - 6)];  // (blocks are 256 B aligned)
 }
 
-bool Engine::claim_release(std::uint64_t addr, std::uint64_t id) {
+std::uint64_t Engine::claim_release(std::uint64_t addr) {
   ClaimShard& s = claim_shard(addr);
   std::lock_guard lock(s.mutex);
-  for (const auto& [a, i] : s.claims) {
-    if (a == addr) return false;
+  for (const auto& [a, token] : s.claims) {
+    if (a == addr) return 0;
   }
-  s.claims.emplace_back(addr, id);
+  const std::uint64_t token = ++s.tokens;
+  s.claims.emplace_back(addr, token);
   releasing_count_.fetch_add(1);
-  return true;
+  return token;
 }
 
-void Engine::end_release(std::uint64_t addr, std::uint64_t id) {
+void Engine::end_release(std::uint64_t addr, std::uint64_t token) {
   ClaimShard& s = claim_shard(addr);
   std::lock_guard lock(s.mutex);
   for (auto& c : s.claims) {
     if (c.first != addr) continue;
-    if (c.second != id) return;  // (a block allocated there since dropped it)
+    if (c.second != token) return;  // (an allocation there dropped it, and another release claimed it)
     c = s.claims.back();
     s.claims.pop_back();
     releasing_count_.fetch_sub(1);
@@ -282,16 +283,6 @@ void Engine::drop_stale_claim(std::uint64_t addr) {
     releasing_count_.fetch_sub(1);
     return;
   }
-}
-
-bool Engine::being_released(std::uint64_t addr) {
-  if (releasing_count_.load() == 0) return false;
-  ClaimShard& s = claim_shard(addr);
-  std::lock_guard lock(s.mutex);
-  for (const auto& c : s.claims) {
-    if (c.first == addr) return true;
-  }
-  return false;
 }
 
 Engine::Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy)
@@ -677,26 +668,32 @@ std::uint64_t Engine::planned_resident_chunks() const {
 }
 
 Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours) {
-  std::optional<Block> live = table_.find_base(addr);
-  if (!live) {
-    // Not a live block; if it is being released (by another thread now, or stream-ordered
-    // and pending), the driver must not free it a second time.
-    *ours = being_released(addr);
-    return *ours ? Result{Status::invalid_value, 0} : Result{};
+  // The address is claimed first: a block being released (by another thread now, or
+  // stream-ordered and pending) holds a claim, and the driver must not free it a second time.
+  const std::uint64_t claim = claim_release(addr);
+  if (claim == 0) {
+    *ours = true;
+    return Result{Status::invalid_value, 0};
   }
-  *ours = true;
   bool capturing = false;
   if (stream) {
+    if (!table_.find_base(addr)) {
+      end_release(addr, claim);
+      *ours = false;
+      return Result{};
+    }
     // Never guess the state of a stream the driver does not know: its own error, block kept.
-    if (Result st = backend_.capture_status(*stream, &capturing); !st.ok()) return st;
+    if (Result st = backend_.capture_status(*stream, &capturing); !st.ok()) {
+      end_release(addr, claim);
+      *ours = true;
+      return st;
+    }
   }
-  if (!claim_release(addr, live->id)) return Result{Status::invalid_value, 0};  // another thread frees it
-  // Under the claim no other thread erases `addr`; but between find_base() and the claim
-  // another thread may have freed this block wholly (and a new one may lie there now).
-  std::optional<Block> block = table_.erase(addr, live->id);
+  std::optional<Block> block = table_.erase(addr);
+  *ours = block.has_value();
   if (!block) {
-    end_release(addr, live->id);
-    return release(addr, stream, ours);  // as if called now
+    end_release(addr, claim);
+    return Result{};
   }
   // From here until the block's chunks have left the plan, a plan may still move them: such
   // plans check their blocks in the table when carried out (frees_at_plan). (One carried out
@@ -712,17 +709,17 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     if (!r.ok()) {
       // The driver still holds the block: keep it ours, so that the program can free it again.
       table_.insert(*block);
-      end_release(addr, block->id);
+      end_release(addr, claim);
       return r;
     }
-    end_release(addr, block->id);
+    end_release(addr, claim);
     run_policy_free(*block);
     finish_release(addr, block->bytes, false);
     if (has_pending_.load(std::memory_order_relaxed)) reclaim(false);
     return r;
   }
   run_policy_free(*block);
-  PendingFree pending{addr, block->bytes, block->id, *stream, 0};
+  PendingFree pending{addr, block->bytes, claim, *stream, 0};
   if (!capturing) {
     Result r = backend_.record_event(*stream, &pending.event);
     if (!r.ok()) {
@@ -774,7 +771,7 @@ void Engine::release_deferred(PendingFree& p) {
   wait_for_issuers();
   for (int i = 0; i < 2; ++i) {
     if (backend_.free_managed(p.addr).ok()) {
-      end_release(p.addr, p.id);
+      end_release(p.addr, p.claim);
       finish_release(p.addr, p.bytes, true);
       return;
     }
@@ -784,7 +781,7 @@ void Engine::release_deferred(PendingFree& p) {
   if (++p.failed_attempts >= kMaxReleaseAttempts) {
     log(LogLevel::warn, "the driver refused {} times to release managed block {:#x} ({}); it stays allocated",
         2 * kMaxReleaseAttempts, p.addr, format_bytes(p.bytes));
-    end_release(p.addr, p.id);  // the driver's own: a later free of it is the driver's to answer
+    end_release(p.addr, p.claim);  // the driver's own: a later free of it is the driver's to answer
     return;
   }
   p.event = 0;

@@ -24,9 +24,8 @@ class AllocationTable {
  public:
   // Adds `block`; false (and no change) if it overlaps a live block or has 0 bytes.
   bool insert(const Block& block);
-  // Removes the block whose base is exactly `base` (and, with `id`, only if it is that
-  // block); returns it, or nullopt if none.
-  std::optional<Block> erase(std::uint64_t base, std::optional<std::uint64_t> id = std::nullopt);
+  // Removes the block whose base is exactly `base`; returns it, or nullopt if none.
+  std::optional<Block> erase(std::uint64_t base);
   // The block containing `addr` (base <= addr < base + bytes), if any.
   std::optional<Block> find(std::uint64_t addr) const;
   // The block whose base is exactly `base`, if any.

@@ -174,7 +174,7 @@ class Engine {
   struct PendingFree {
     std::uint64_t addr;
     std::uint64_t bytes;
-    std::uint64_t id;  // the block's, for its release claim
+    std::uint64_t claim;  // its release claim's token
     StreamHandle stream;
     EventHandle event;  // 0 while the stream was capturing
     bool retry = false;       // the driver refused the release: try it again
@@ -225,18 +225,20 @@ class Engine {
   // A Policy's action, sent inside IssueSections, one piece per live block its range
   // overlaps (clipped to the block).
   void send_checked(const Action& action, int device);
-  // Release claims (release()): one per block between leaving the table and the Backend's
-  // free, keyed by base, in 64 shards by address (a few claims each: no allocation once
-  // warm, no lock shared by all frees).
+  // Release claims (release()): one per address from before its block leaves the table
+  // until the Backend has freed it, in 64 shards by address (a few claims each: no
+  // allocation once warm, no lock shared by all frees). claim_release() returns the claim's
+  // token (never 0), or 0 when the address is claimed already; end_release() drops the claim
+  // only if it is still that one.
   struct ClaimShard {
     std::mutex mutex;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> claims;  // (base, block id)
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> claims;  // (base, token)
+    std::uint64_t tokens = 0;
   };
   ClaimShard& claim_shard(std::uint64_t addr);
-  bool claim_release(std::uint64_t addr, std::uint64_t id);
-  void end_release(std::uint64_t addr, std::uint64_t id);
+  std::uint64_t claim_release(std::uint64_t addr);
+  void end_release(std::uint64_t addr, std::uint64_t token);
   void drop_stale_claim(std::uint64_t addr);  // any claim at `addr` (allocate(): the driver reused it)
-  bool being_released(std::uint64_t addr);
 
   bool reserve(std::uint64_t bytes);
   void unreserve(std::uint64_t bytes);
