@@ -231,11 +231,159 @@ LaunchOrderScope::~LaunchOrderScope() { t_order = nullptr; }
 
 std::unique_lock<std::mutex> lock_launch_streams() { return std::unique_lock<std::mutex>(g_streams_mutex); }
 
+namespace {
+// Non-blocking streams the program created (cuStreamCreate / cuStreamCreateWithPriority with
+// CU_STREAM_NON_BLOCKING): a fence records an event on each, since the legacy default stream
+// does not follow them. Guarded by g_streams_mutex.
+std::vector<CUstream>& g_nonblocking = *new std::vector<CUstream>;
+}  // namespace
+
+void note_stream_created(CUstream stream, unsigned flags) {
+  if (stream == nullptr || (flags & CU_STREAM_NON_BLOCKING) == 0) return;
+  std::lock_guard lock(g_streams_mutex);
+  g_nonblocking.push_back(stream);
+}
+
 void forget_launch_stream(CUstream stream) {
   std::lock_guard lock(g_streams_mutex);
   for (auto& slot : g_streams) {
     if (slot.second != 0 && slot.first == stream) slot = {nullptr, 0};
   }
+  std::erase(g_nonblocking, stream);
+}
+
+namespace {
+
+// A fence (Backend::record_fence): the events it waits for, all complete once it is.
+struct FenceRecord {
+  std::vector<CUevent> events;
+};
+
+// Events for fences, reused (never destroyed: the driver may be unloading at exit).
+std::mutex g_fence_events_mutex;
+std::vector<CUevent>& g_fence_events = *new std::vector<CUevent>;  // guarded by g_fence_events_mutex
+
+CUevent fence_event() {
+  {
+    std::lock_guard lock(g_fence_events_mutex);
+    if (!g_fence_events.empty()) {
+      CUevent e = g_fence_events.back();
+      g_fence_events.pop_back();
+      return e;
+    }
+  }
+  CUevent e = nullptr;
+  if (real().cuEventCreate == nullptr || real().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+  return e;
+}
+
+void give_back(const std::vector<CUevent>& events) {
+  std::lock_guard lock(g_fence_events_mutex);
+  g_fence_events.insert(g_fence_events.end(), events.begin(), events.end());
+}
+
+using DiscardBatchFn = CUresult (*)(CUdeviceptr*, size_t*, size_t, unsigned long long, CUstream);
+
+// cuMemDiscardBatchAsync (CUDA 13.0), resolved once through the driver's own cuGetProcAddress;
+// null where the driver has none.
+DiscardBatchFn discard_batch() {
+  static const DiscardBatchFn fn = [] {
+    void* p = nullptr;
+    CUdriverProcAddressQueryResult status{};
+    if (real().cuGetProcAddress_v2 == nullptr ||
+        real().cuGetProcAddress_v2("cuMemDiscardBatchAsync", &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
+        status != CU_GET_PROC_ADDRESS_SUCCESS) {
+      return static_cast<DiscardBatchFn>(nullptr);
+    }
+    return reinterpret_cast<DiscardBatchFn>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::uint64_t* discard_bytes, std::size_t count,
+                                 EventHandle* fence) {
+  ShimCallScope scope;
+  if (real().cuEventRecord == nullptr || real().cuEventQuery == nullptr || real().cuStreamWaitEvent == nullptr) return missing();
+  RelaxedCaptureMode relaxed;
+  auto record = std::make_unique<FenceRecord>();
+  auto fail = [&](CUresult r) {
+    give_back(record->events);
+    return from_cuda(r);
+  };
+  auto on = [&](CUstream stream) -> CUresult {
+    CUevent e = fence_event();
+    if (e == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = real().cuEventRecord(e, stream);
+    if (r != CUDA_SUCCESS) {
+      give_back({e});
+      return r;
+    }
+    record->events.push_back(e);
+    return CUDA_SUCCESS;
+  };
+  CUstream to_gpu = own_stream(Location::gpu), to_host = own_stream(Location::cpu);
+  {
+    // Under the registry's lock: no capture begins and no registered stream is destroyed
+    // meanwhile. While a capture is in progress the legacy stream may not be used (it would
+    // join the capture of any blocking stream: Programming Guide, "Stream Capture"): later.
+    std::lock_guard lock(g_streams_mutex);
+    if (captures_in_progress()) return Result{Status::not_ready, 0};
+    if (CUresult r = on(CU_STREAM_LEGACY); r != CUDA_SUCCESS) return fail(r);
+    for (CUstream s : g_nonblocking) {
+      if (CUresult r = on(s); r != CUDA_SUCCESS) return fail(r);
+    }
+  }
+  // The shim's own moves too: a prefetch may still be copying a range the fence frees.
+  for (CUstream s : {to_gpu, to_host}) {
+    if (s == nullptr) continue;
+    if (CUresult r = on(s); r != CUDA_SUCCESS) return fail(r);
+  }
+  DiscardBatchFn discard = count > 0 && to_host != nullptr ? discard_batch() : nullptr;
+  if (discard != nullptr) {
+    // The host stream waits for all of it, discards, and the fence is its event after that.
+    for (CUevent e : record->events) real().cuStreamWaitEvent(to_host, e, 0);
+    std::vector<CUdeviceptr> ptrs(discard_addr, discard_addr + count);
+    std::vector<size_t> sizes(discard_bytes, discard_bytes + count);
+    if (discard(ptrs.data(), sizes.data(), count, 0, to_host) == CUDA_SUCCESS) {
+      if (CUresult r = on(to_host); r != CUDA_SUCCESS) return fail(r);
+      give_back(std::vector<CUevent>(record->events.begin(), record->events.end() - 1));
+      record->events.erase(record->events.begin(), record->events.end() - 1);
+    }
+  }
+  *fence = reinterpret_cast<EventHandle>(record.release());
+  return Result{};
+}
+
+Result CudaBackend::fence_done(EventHandle fence) {
+  ShimCallScope scope;
+  RelaxedCaptureMode relaxed;
+  auto* record = reinterpret_cast<FenceRecord*>(fence);
+  while (!record->events.empty()) {
+    CUresult r = real().cuEventQuery(record->events.back());
+    if (r == CUDA_ERROR_NOT_READY) return Result{Status::not_ready, r};
+    give_back({record->events.back()});
+    record->events.pop_back();
+    if (r != CUDA_SUCCESS) return from_cuda(r);
+  }
+  return Result{};
+}
+
+Result CudaBackend::wait_fence(EventHandle fence) {
+  ShimCallScope scope;
+  RelaxedCaptureMode relaxed;
+  auto* record = reinterpret_cast<FenceRecord*>(fence);
+  for (CUevent e : record->events) {
+    if (CUresult r = real().cuEventSynchronize(e); r != CUDA_SUCCESS) return from_cuda(r);
+  }
+  return Result{};
+}
+
+void CudaBackend::release_fence(EventHandle fence) {
+  auto* record = reinterpret_cast<FenceRecord*>(fence);
+  give_back(record->events);  // (complete, or never to be queried again: re-recording is legal)
+  delete record;
 }
 
 CUstream CudaBackend::own_stream(Location to) {

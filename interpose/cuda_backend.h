@@ -27,6 +27,12 @@ class CudaBackend final : public Backend {
   Result event_done(EventHandle event) override;
   void destroy_event(EventHandle event) override;
   Result wait_event(EventHandle event) override;
+  bool supports_fences() override { return true; }
+  Result record_fence(const std::uint64_t* discard_addr, const std::uint64_t* discard_bytes, std::size_t count,
+                      EventHandle* fence) override;
+  Result fence_done(EventHandle fence) override;
+  Result wait_fence(EventHandle fence) override;
+  void release_fence(EventHandle fence) override;
 
   // Whether the calling thread has a current context (cuCtxGetDevice succeeds).
   bool has_current_context();
@@ -64,9 +70,12 @@ class LaunchOrderScope {
   LaunchOrderScope& operator=(const LaunchOrderScope&) = delete;
 };
 
-// The program destroys `stream`: evictions stop ordering themselves after it. Call before
-// the real cuStreamDestroy. Thread-safe.
+// The program destroys `stream`: evictions stop ordering themselves after it, fences stop
+// recording on it. Call before the real cuStreamDestroy. Thread-safe.
 void forget_launch_stream(CUstream stream);
+// The program created `stream` with `flags` (cuStreamCreate, cuStreamCreateWithPriority): a
+// non-blocking one is fenced on its own (CudaBackend::record_fence). Thread-safe.
+void note_stream_created(CUstream stream, unsigned flags);
 // The lock an eviction holds while it orders the host stream after other streams: the
 // capture-begin hooks hold it across the real call, so that no capture begins meanwhile.
 std::unique_lock<std::mutex> lock_launch_streams();

@@ -206,6 +206,20 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
   return free_async(dptr, hStream, per_thread(hStream), real().cuMemFreeAsync_ptsz);
 }
 
+CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  interpose::ensure_driver();
+  CUresult r = real().cuStreamCreate(phStream, Flags);
+  if (r == CUDA_SUCCESS && phStream != nullptr) interpose::note_stream_created(*phStream, Flags);
+  return r;
+}
+
+CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags, int priority) {
+  interpose::ensure_driver();
+  CUresult r = real().cuStreamCreateWithPriority(phStream, flags, priority);
+  if (r == CUDA_SUCCESS && phStream != nullptr) interpose::note_stream_created(*phStream, flags);
+  return r;
+}
+
 CUresult cuStreamDestroy_v2(CUstream hStream) {
   if (Engine* e = engine(); e != nullptr && hStream != nullptr) e->stream_destroyed(reinterpret_cast<StreamHandle>(hStream));
   interpose::forget_launch_stream(hStream);
@@ -231,17 +245,73 @@ CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
 }
 
 // Managed memory is reported truthfully (IS_MANAGED = 1): frameworks that ask get the
-// real answer, so these two only pass through; they are hooked so that one place owns
-// every answer about pointers Spillway made.
+// real answer. A block the sub-allocator carved from one of its ranges is an allocation of
+// its own to the program, as the driver would have made it: its range start and size are
+// the block's, and its buffer id is the block's own (the Engine's id with the top bit set,
+// apart from the driver's small counters), never the range's. A pointer into a range's free
+// space is no allocation: CUDA_ERROR_NOT_FOUND / CUDA_ERROR_INVALID_VALUE, as the driver
+// answers for memory it never allocated.
+namespace {
+
+std::optional<Block> carved_block(CUdeviceptr ptr, bool* in_range_gap) {
+  *in_range_gap = false;
+  Engine* e = engine();
+  if (e == nullptr || !e->suballocating() || ptr == 0 || !e->maybe_managed(ptr)) return std::nullopt;
+  std::optional<Block> b = e->find(ptr);
+  if (b && b->suballocated) return b;
+  *in_range_gap = !b && e->in_suballocator_range(ptr);
+  return std::nullopt;
+}
+
+// Writes the block's answer for `attribute` into `data`; false for attributes it does not change.
+bool block_attribute(const Block& b, CUpointer_attribute attribute, void* data) {
+  switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data) = b.base; return true;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = b.bytes; return true;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *static_cast<unsigned long long*>(data) = b.id | (1ull << 63); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
 CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   interpose::ensure_driver();
-  return real().cuPointerGetAttribute(data, attribute, ptr);
+  CUresult r = real().cuPointerGetAttribute(data, attribute, ptr);
+  bool gap = false;
+  if (r == CUDA_SUCCESS && data != nullptr) {
+    if (std::optional<Block> b = carved_block(ptr, &gap)) block_attribute(*b, attribute, data);
+    else if (gap && (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE ||
+                     attribute == CU_POINTER_ATTRIBUTE_BUFFER_ID)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  return r;
 }
 
 CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
                                 CUdeviceptr ptr) {
   interpose::ensure_driver();
-  return real().cuPointerGetAttributes(numAttributes, attributes, data, ptr);
+  CUresult r = real().cuPointerGetAttributes(numAttributes, attributes, data, ptr);
+  bool gap = false;
+  if (r != CUDA_SUCCESS || attributes == nullptr || data == nullptr) return r;
+  if (std::optional<Block> b = carved_block(ptr, &gap)) {
+    for (unsigned i = 0; i < numAttributes; ++i) {
+      if (data[i] != nullptr) block_attribute(*b, attributes[i], data[i]);
+    }
+  }
+  return r;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  interpose::ensure_driver();
+  bool gap = false;
+  std::optional<Block> b = carved_block(dptr, &gap);
+  if (!b && !gap) return real().cuMemGetAddressRange_v2(pbase, psize, dptr);
+  if (gap) return CUDA_ERROR_NOT_FOUND;
+  if (pbase != nullptr) *pbase = b->base;  // either output may be NULL
+  if (psize != nullptr) *psize = b->bytes;
+  return CUDA_SUCCESS;
 }
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {

@@ -125,6 +125,7 @@ void residency_reset(const Config& cfg);                     // config (re)load:
 void residency_alloc(uintptr_t base, size_t size);           // managed allocation made
 void residency_free(uintptr_t base, size_t size);            // managed allocation released
 void residency_prefetch(uintptr_t p, size_t n, bool to_gpu); // cuMemPrefetchAsync, executed
+void residency_discard(uintptr_t p, size_t n);               // cuMemDiscardBatchAsync, executed
 void residency_advise(uintptr_t p, size_t n, CUmem_advise advice, bool device);  // cuMemAdvise, accepted
 // A launch that executes: `blocks` are the managed allocations (base, size) its parameter
 // words point into; every chunk of each is touched on the GPU.

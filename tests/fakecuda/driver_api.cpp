@@ -106,6 +106,36 @@ CUresult prefetch(Call& c, CUdeviceptr p, size_t n, CUmemLocation loc, unsigned 
   return CUDA_SUCCESS;
 }
 
+// cuMemDiscardBatchAsync (CUDA 13.0): every range must be managed, flags 0, the stream not
+// the legacy NULL stream. A discarded range's contents are indeterminate: the fake fills it
+// with 0xdd (so a program that reads a live range discarded by mistake sees it), and the
+// residency model drops its chunks without a write-back.
+CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream stream) {
+  c.dec("count", count).dec("flags", flags);
+  for (size_t i = 0; i < count && i < 8 && dptrs && sizes; ++i) {
+    char key[16];
+    std::snprintf(key, sizeof key, "d%zu", i);
+    c.hex(key, dptrs[i]);
+    std::snprintf(key, sizeof key, "n%zu", i);
+    c.dec(key, sizes[i]);
+  }
+  c.stream(stream);
+  FC_CHECK(c);
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s = stream_of(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (count == 0 || dptrs == nullptr || sizes == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {
+    if (sizes[i] == 0 || !covers(dptrs[i], sizes[i], managed_kind)) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!submit(s)) return CUDA_SUCCESS;  // captured: not run
+  for (size_t i = 0; i < count; ++i) {
+    std::memset(reinterpret_cast<void*>(dptrs[i]), 0xdd, sizes[i]);
+    residency_discard(dptrs[i], sizes[i]);
+  }
+  return CUDA_SUCCESS;
+}
+
 CUmemLocation location_of(CUdevice dev) {
   CUmemLocation loc{};
   if (dev == CU_DEVICE_CPU) {
@@ -208,6 +238,34 @@ std::vector<std::pair<uintptr_t, size_t>> managed_arguments(const Function& fn,
   return blocks;
 }
 
+// What a launch touches of managed memory, for the residency model: the bytes fill_u32 and
+// add_u32 really access (a kernel touches its data, not the whole allocation its pointers lie
+// in, which may be a sub-allocator's range), else every managed allocation a parameter word
+// points into.
+std::vector<std::pair<uintptr_t, size_t>> touched_ranges(const Function& fn, const std::vector<uint64_t>& values,
+                                                         const std::vector<const unsigned char*>& bytes) {
+  auto arg = [&](size_t i) { return i < values.size() ? values[i] : 0; };
+  std::vector<uint64_t> ptrs;
+  uint64_t count = 0;
+  if (fn.name.rfind("fill_u32", 0) == 0) {
+    ptrs = {arg(0)};
+    count = arg(1);
+  } else if (fn.name.rfind("add_u32", 0) == 0) {
+    ptrs = {arg(0), arg(1), arg(2)};
+    count = arg(3);
+  } else {
+    return managed_arguments(fn, bytes);
+  }
+  std::vector<std::pair<uintptr_t, size_t>> ranges;
+  for (uint64_t p : ptrs) {
+    Alloc a;
+    if (count == 0 || !find(p, &a) || !managed_kind(a.kind)) continue;
+    std::pair<uintptr_t, size_t> r{p, count * 4};
+    if (std::find(ranges.begin(), ranges.end(), r) == ranges.end()) ranges.push_back(r);
+  }
+  return ranges;
+}
+
 // Executes a launch on the CPU; the kernel's behaviour is chosen by its name.
 CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUstream stream,
                 void** params, void** extra) {
@@ -276,7 +334,7 @@ CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUst
     auto* y = reinterpret_cast<const uint32_t*>(b);
     for (uint64_t i = 0; i < count; ++i) d[i] = x[i] + y[i];
   }
-  if (submit(s) && config().gpu_memory) residency_launch(managed_arguments(*fn, bytes));
+  if (submit(s) && config().gpu_memory) residency_launch(touched_ranges(*fn, values, bytes));
   return CUDA_SUCCESS;
 }
 
@@ -943,6 +1001,16 @@ CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice dst, CUstr
 CUresult CUDAAPI cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t n, CUdevice dst, CUstream stream) {
   return api("cuMemPrefetchAsync_ptsz", "cuMemPrefetchAsync", kCtx,
              [&](Call& c) { return prefetch(c, p, n, location_of(dst), 0, stream); });
+}
+CUresult CUDAAPI cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags,
+                                        CUstream stream) {
+  return api("cuMemDiscardBatchAsync", "cuMemDiscardBatchAsync", kCtx,
+             [&](Call& c) { return discard_batch(c, dptrs, sizes, count, flags, stream); });
+}
+CUresult CUDAAPI cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags,
+                                             CUstream stream) {
+  return api("cuMemDiscardBatchAsync_ptsz", "cuMemDiscardBatchAsync", kCtx,
+             [&](Call& c) { return discard_batch(c, dptrs, sizes, count, flags, stream); });
 }
 CUresult CUDAAPI cuMemAdvise_v2(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc) {
   return api("cuMemAdvise_v2", "cuMemAdvise", kCtx, [&](Call& c) { return advise(c, p, n, advice, loc); });

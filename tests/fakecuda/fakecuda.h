@@ -36,6 +36,7 @@ typedef struct fakecuda_residency_stats_t {
   uint64_t driver_evictions;  /* chunks the driver evicted for room (oldest migrated first) */
   uint64_t late_prefetches;   /* touched by a launch right after the prefetch that migrated them in */
   uint64_t remote_accesses;   /* chunks a launch read on the CPU (preferred location CPU + accessed by GPU) */
+  uint64_t discarded;         /* chunks dropped by cuMemDiscardBatchAsync (nothing copied) */
 } fakecuda_residency_stats_t;
 
 /* Fills *out; returns 0, or -1 when the model is off (out is still filled: zeros). */

@@ -131,9 +131,10 @@ __attribute__((destructor)) void write_stats() {
                           ",\"launches\":%" PRIu64 ",\"faults\":%" PRIu64 ",\"populated\":%" PRIu64
                           ",\"prefetched_in\":%" PRIu64 ",\"prefetched_out\":%" PRIu64
                           ",\"driver_evictions\":%" PRIu64 ",\"late_prefetches\":%" PRIu64
-                          ",\"remote_accesses\":%" PRIu64 "}\n",
+                          ",\"remote_accesses\":%" PRIu64 ",\"discarded\":%" PRIu64 "}\n",
                           gpu_memory, s.capacity_chunks, s.resident_chunks, s.launches, s.faults, s.populated,
-                          s.prefetched_in, s.prefetched_out, s.driver_evictions, s.late_prefetches, s.remote_accesses);
+                          s.prefetched_in, s.prefetched_out, s.driver_evictions, s.late_prefetches, s.remote_accesses,
+                          s.discarded);
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
       std::fprintf(stderr, "fakecuda: cannot write FAKECUDA_STATS='%s'\n", path.c_str());
@@ -190,6 +191,22 @@ void residency_free(uintptr_t base, size_t size) {
     if (it == m.chunks.end()) continue;
     if (it->second.gpu) leave_gpu(it->second);
     m.chunks.erase(it);
+  }
+}
+
+void residency_discard(uintptr_t p, size_t n) {
+  if (!enabled() || n == 0) return;
+  std::lock_guard lock(model_mutex());
+  Model& m = model();
+  // Whole chunks of the range leave the GPU (and the CPU) with nothing copied: the next touch
+  // populates them afresh.
+  for (uint64_t i = first_chunk(p), last = last_chunk(p, n); i <= last; ++i) {
+    if ((i << kChunkShift) < p || ((i + 1) << kChunkShift) > p + n) continue;
+    auto it = m.chunks.find(i);
+    if (it == m.chunks.end()) continue;
+    if (it->second.gpu) leave_gpu(it->second);
+    m.chunks.erase(it);
+    ++m.stats.discarded;
   }
 }
 

@@ -38,7 +38,7 @@ TEST(Limits, DefaultManagedCapIsEightyPercentOfHostRam) {
   nlohmann::json j = nlohmann::json::parse(text);
   EXPECT_EQ(j["allocations"]["refused"].get<int>(), 1) << text;
   EXPECT_NEAR(j["bytes"]["max_managed"].get<double>(), cap, 2.0) << "the cap the shim read at start";
-  EXPECT_EQ(j["bytes"]["managed_now"].get<long>(), 0) << text;
+  EXPECT_EQ(j["bytes"]["live_blocks"].get<long>(), 0) << text;
   std::printf("default cap: host RAM %.0f bytes, cap %.0f, managed allocated before refusal %.0f\n", ram, cap, bytes);
 }
 

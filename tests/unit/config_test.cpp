@@ -31,6 +31,8 @@ const std::map<std::string, Sample>& samples() {
       {"SPILLWAY_REPORT", {"/tmp/spillway-report.json", "   "}},
       {"SPILLWAY_TRACE", {"/tmp/spillway-trace.jsonl.gz", "   "}},
       {"SPILLWAY_DISABLE", {"1", "maybe"}},
+      {"SPILLWAY_SUBALLOCATOR", {"off", "sometimes"}},
+      {"SPILLWAY_FRAMEWORK_ALLOCATOR", {"keep", "pytorch"}},
   };
   return s;
 }
@@ -46,6 +48,7 @@ std::string describe(const Config& c) {
   out += " report_memory=" + std::to_string(static_cast<int>(c.report_memory));
   out += " log=" + std::to_string(static_cast<int>(c.log_level));
   out += " report=" + c.report_path + " trace=" + c.trace_path + " disable=" + std::to_string(c.disable);
+  out += " suballocator=" + std::to_string(c.suballocator) + " framework_per_tensor=" + std::to_string(c.framework_per_tensor);
   return out;
 }
 

@@ -127,6 +127,22 @@ bool parse_disable(Config& c, std::string_view value, const Names&) {
   return true;
 }
 
+bool parse_suballocator(Config& c, std::string_view value, const Names&) {
+  std::string v = lower(trimmed(value));
+  if (v == "on" || v == "1") c.suballocator = true;
+  else if (v == "off" || v == "0") c.suballocator = false;
+  else return false;
+  return true;
+}
+
+bool parse_framework_allocator(Config& c, std::string_view value, const Names&) {
+  std::string v = lower(trimmed(value));
+  if (v == "per-tensor") c.framework_per_tensor = true;
+  else if (v == "keep") c.framework_per_tensor = false;
+  else return false;
+  return true;
+}
+
 struct Row {
   OptionInfo info;
   bool (*parse)(Config&, std::string_view, const Names&);

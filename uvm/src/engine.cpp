@@ -315,6 +315,7 @@ bool Engine::start() {
     budget_.store(budget);
     max_managed_.store(cap);
     physical_total_.store(total_bytes);
+    suballocate_.store(config_.suballocator && backend_.supports_fences());
     start_state_.store(1);
     log(LogLevel::info, "policy {}, GPU budget {} of {} ({} free), managed cap {}", policy_->name(),
         format_bytes(budget), format_bytes(total_bytes), format_bytes(free_bytes), format_bytes(cap));
@@ -343,30 +344,44 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   if (bytes == 0 || addr == nullptr) return Result{Status::invalid_value, 0};
   if (!usable()) return Result{Status::not_supported, 0};
   if (has_pending_.load(std::memory_order_relaxed)) reclaim(false);
-  if (!reserve(bytes)) {
-    reclaim(true);  // deferred frees may be holding the room
-    if (!reserve(bytes)) {
-      std::lock_guard lock(mutex_);
-      ++counters_.allocations_refused;
-      log(LogLevel::info, "refused {} ({}): {} managed now, cap SPILLWAY_MAX_MANAGED = {}", format_bytes(bytes),
-          to_string(kind), format_bytes(managed_bytes()), format_bytes(max_managed_bytes()));
-      return Result{Status::out_of_memory, 0};
-    }
-  }
+  const bool sub = suballocate_.load(std::memory_order_relaxed);
   std::uint64_t base = 0;
-  Result r = backend_.allocate_managed(bytes, &base);
-  if (!r.ok()) {
-    unreserve(bytes);
-    return r;
+  if (sub) {
+    Result r = sub_allocate(bytes, stream, &base);
+    if (!r.ok()) {
+      if (r.status == Status::out_of_memory && r.native == 0) {
+        std::lock_guard lock(mutex_);
+        ++counters_.allocations_refused;
+        log(LogLevel::info, "refused {} ({}): {} managed now, cap SPILLWAY_MAX_MANAGED = {}", format_bytes(bytes),
+            to_string(kind), format_bytes(managed_bytes()), format_bytes(max_managed_bytes()));
+      }
+      return r;
+    }
+  } else {
+    if (!reserve(bytes)) {
+      reclaim(true);  // deferred frees may be holding the room
+      if (!reserve(bytes)) {
+        std::lock_guard lock(mutex_);
+        ++counters_.allocations_refused;
+        log(LogLevel::info, "refused {} ({}): {} managed now, cap SPILLWAY_MAX_MANAGED = {}", format_bytes(bytes),
+            to_string(kind), format_bytes(managed_bytes()), format_bytes(max_managed_bytes()));
+        return Result{Status::out_of_memory, 0};
+      }
+    }
+    Result r = backend_.allocate_managed(bytes, &base);
+    if (!r.ok()) {
+      unreserve(bytes);
+      return r;
+    }
   }
   // The driver has freed a block here, and its releaser may not have dropped its claim yet.
   if (releasing_count_.load() != 0) drop_stale_claim(base);
-  Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device_};
+  Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device_, sub};
   if (!table_.insert(block)) {
     // The driver handed out a range we still hold: our table is wrong. Keep the program
     // running with the memory it asked for, but stop tracking this block.
     SPILLWAY_LOG_ONCE(LogLevel::error, "internal error: managed block at {:#x} overlaps a tracked block", base);
-    unreserve(bytes);
+    if (!sub) unreserve(bytes);
   }
   *addr = base;
   for (std::uint64_t lo = lo_.load(std::memory_order_relaxed); base < lo && !lo_.compare_exchange_weak(lo, base);) {
@@ -375,6 +390,147 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   }
   run_policy_alloc(block);
   return Result{};
+}
+
+Result Engine::sub_allocate(std::uint64_t bytes, StreamHandle site, std::uint64_t* out) {
+  std::unique_lock lock(sub_mutex_);
+  if (fences_pending_.load(std::memory_order_relaxed)) poll_fences_locked(false);
+  std::uint64_t base = sub_.allocate(bytes, site);
+  if (base == 0 && !unfenced_.empty()) {  // parked ranges come back once a fence after them completes
+    close_fence_locked();
+    poll_fences_locked(false);
+    base = sub_.allocate(bytes, site);
+  }
+  bool waited = false, returned = false;
+  while (base == 0) {
+    // A new range: kRangeBytes if the cap allows, else just the request (a chunk more, so
+    // that a range the driver does not place on a 2 MiB boundary still holds it aligned).
+    std::uint64_t want = SubAllocator::range_bytes_for(bytes, kRangeBytes) + kChunkBytes;
+    if (!reserve(want)) {
+      want = SubAllocator::range_bytes_for(bytes, 0) + kChunkBytes;
+      if (!reserve(want)) want = 0;
+    }
+    if (want == 0) {
+      if (!waited) {  // parked ranges may hold the room: wait for their fences (never in a free)
+        waited = true;
+        close_fence_locked();
+        poll_fences_locked(true);
+        base = sub_.allocate(bytes, site);
+        continue;
+      }
+      std::vector<DriverRange> empty;
+      if (!returned) {
+        for (const auto& [b, n] : sub_.take_empty_ranges()) {
+          auto it = driver_ranges_.find(b);
+          empty.push_back(it->second);
+          driver_ranges_.erase(it);
+        }
+        returned = true;
+      }
+      if (empty.empty()) return Result{Status::out_of_memory, 0};
+      lock.unlock();
+      // (Nothing lives in them and nothing parked: no section can name them, no fence holds them.)
+      for (const DriverRange& d : empty) {
+        range_bytes_.fetch_sub(d.bytes);
+        range_count_.fetch_sub(1);
+        if (backend_.free_managed(d.addr).ok()) unreserve(d.bytes);
+      }
+      lock.lock();
+      continue;
+    }
+    lock.unlock();
+    std::uint64_t driver = 0;
+    Result r = backend_.allocate_managed(want, &driver);
+    if (!r.ok()) {
+      unreserve(want);
+      return r;
+    }
+    const std::uint64_t lo = (driver + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
+    const std::uint64_t hi = (driver + want) / kChunkBytes * kChunkBytes;
+    lock.lock();
+    sub_.add_range(lo, hi - lo);
+    driver_ranges_[lo] = DriverRange{driver, want};
+    range_bytes_.fetch_add(want);
+    range_count_.fetch_add(1);
+    base = sub_.allocate(bytes, site);
+  }
+  *out = base;
+  return Result{};
+}
+
+void Engine::park(const ParkedRange& range) {
+  unfenced_.push_back(range);
+  const std::uint64_t footprint = range.slab ? kChunkBytes : SubAllocator::footprint_bytes(range.bytes);
+  unfenced_bytes_ += footprint;
+  parked_bytes_ += footprint;
+}
+
+void Engine::close_fence_locked() {
+  if (unfenced_.empty()) return;
+  // Whole chunks no block can share: large blocks' and emptied slabs'.
+  std::vector<std::uint64_t> addrs, sizes;
+  std::uint64_t discard = 0;
+  for (const ParkedRange& p : unfenced_) {
+    if (!p.slab && SubAllocator::is_small(p.bytes)) continue;
+    addrs.push_back(p.addr);
+    sizes.push_back(p.slab ? kChunkBytes : SubAllocator::footprint_bytes(p.bytes));
+    discard += sizes.back();
+  }
+  EventHandle fence = 0;
+  Result r = backend_.record_fence(addrs.data(), sizes.data(), addrs.size(), &fence);
+  if (!r.ok()) {
+    // (not_ready: a capture is in progress; the ranges stay parked until a later fence)
+    if (r.status != Status::not_ready) {
+      std::lock_guard lock(mutex_);
+      ++counters_.backend_errors;
+    }
+    return;
+  }
+  fences_.push_back(Fence{fence, std::move(unfenced_)});
+  unfenced_.clear();
+  unfenced_bytes_ = 0;
+  fences_recorded_.fetch_add(1, std::memory_order_relaxed);
+  discarded_bytes_.fetch_add(discard, std::memory_order_relaxed);
+  fences_pending_.store(true, std::memory_order_relaxed);
+}
+
+void Engine::poll_fences_locked(bool wait) {
+  while (!fences_.empty()) {
+    Fence& f = fences_.front();
+    Result r = wait ? backend_.wait_fence(f.handle) : backend_.fence_done(f.handle);
+    if (r.status == Status::not_ready) break;
+    // (An error: the driver cannot say; a context torn down has no work left. Its ranges come back.)
+    backend_.release_fence(f.handle);
+    std::vector<ParkedRange> ranges = std::move(f.ranges);
+    fences_.pop_front();
+    for (const ParkedRange& p : ranges) {
+      if (p.slab) {
+        sub_.release_slab(p.addr);
+        parked_bytes_ -= kChunkBytes;
+        continue;
+      }
+      parked_bytes_ -= SubAllocator::footprint_bytes(p.bytes);
+      if (const std::uint64_t slab = sub_.free(p.addr, p.bytes); slab != 0) park(ParkedRange{slab, kChunkBytes, true});
+    }
+  }
+  fences_pending_.store(!fences_.empty(), std::memory_order_relaxed);
+}
+
+bool Engine::in_sub_ranges(std::uint64_t addr) {
+  std::lock_guard lock(sub_mutex_);
+  return sub_.contains(addr);
+}
+
+Engine::SubAllocatorStats Engine::sub_allocator_stats() const {
+  std::lock_guard lock(sub_mutex_);
+  SubAllocatorStats s;
+  s.range_bytes = sub_.range_bytes();
+  s.ranges = sub_.ranges();
+  s.allocated_bytes = sub_.allocated_bytes();
+  s.parked_bytes = parked_bytes_;
+  s.fences = fences_recorded_.load();
+  s.discarded_bytes = discarded_bytes_.load();
+  return s;
 }
 
 void Engine::run_policy_alloc(const Block& block) {
@@ -407,12 +563,11 @@ void Engine::run_policy_free(const Block& block) {
   if (!policy_->manages_residency() || residency_->size() == 0) return;
   // The block's chunks leave the plan (at no cost: the data is dead). A chunk the block
   // shares with another live block (sub-chunk blocks in the shim) stays.
+  // (The block has left the table: any block found in the chunk is another.)
   ChunkIndex first = chunk_of(block.base), last = chunk_of(block.end() - 1);
   for (ChunkIndex c = first; c <= last; ++c) {
-    if ((c == first && block.base % kChunkBytes != 0 && table_.find(c * kChunkBytes)) ||
-        (c == last && block.end() % kChunkBytes != 0 && table_.find((c + 1) * kChunkBytes - 1))) {
-      continue;
-    }
+    const bool partial = (c == first && block.base % kChunkBytes != 0) || (c == last && block.end() % kChunkBytes != 0);
+    if (partial && table_.first_overlapping(c * kChunkBytes, (c + 1) * kChunkBytes)) continue;
     if (residency_->erase(c)) policy_->on_residency(c, false);
   }
 }
@@ -679,8 +834,8 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   if (stream) {
     if (!table_.find_base(addr)) {
       end_release(addr, claim);
-      *ours = false;
-      return Result{};
+      *ours = suballocate_.load(std::memory_order_relaxed) && in_sub_ranges(addr);
+      return *ours ? Result{Status::invalid_value, 0} : Result{};
     }
     // Never guess the state of a stream the driver does not know: its own error, block kept.
     if (Result st = backend_.capture_status(*stream, &capturing); !st.ok()) {
@@ -693,7 +848,9 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   *ours = block.has_value();
   if (!block) {
     end_release(addr, claim);
-    return Result{};
+    // Inside a range of ours but no block's base: never the driver's to free.
+    *ours = suballocate_.load(std::memory_order_relaxed) && in_sub_ranges(addr);
+    return *ours ? Result{Status::invalid_value, 0} : Result{};
   }
   // From here until the block's chunks have left the plan, a plan may still move them: such
   // plans check their blocks in the table when carried out (frees_at_plan). (One carried out
@@ -703,6 +860,27 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     std::atomic<std::uint64_t>& done;
     ~Done() { done.fetch_add(1); }
   } done{frees_done_};
+  if (block->suballocated) {
+    // Dead now: the range waits for a fence (no device wait), and then its own chunks leave
+    // the plan — after the fence that discards them is issued, so that no plan counts their
+    // room as free while the driver may still hold them.
+    wait_for_issuers();
+    {
+      std::lock_guard lock(sub_mutex_);
+      park(ParkedRange{addr, block->bytes, false});
+      // A block on whole chunks of its own is fenced at once: the fence discards them as soon
+      // as the work before it is done, so the driver never writes the dead data back to make
+      // room the plan already counts as free. Small blocks are fenced in batches.
+      if (!SubAllocator::is_small(block->bytes) || unfenced_bytes_ >= kFenceBytes || unfenced_.size() >= kFenceRanges) {
+        close_fence_locked();
+      }
+      if (fences_pending_.load(std::memory_order_relaxed)) poll_fences_locked(false);
+    }
+    run_policy_free(*block);
+    end_release(addr, claim);
+    finish_release(addr, block->bytes, stream.has_value(), false);
+    return Result{};
+  }
   if (!stream) {
     wait_for_issuers();
     Result r = backend_.free_managed(addr);
@@ -738,8 +916,8 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   return Result{};
 }
 
-void Engine::finish_release(std::uint64_t, std::uint64_t bytes, bool deferred) {
-  unreserve(bytes);
+void Engine::finish_release(std::uint64_t, std::uint64_t bytes, bool deferred, bool unreserve_bytes) {
+  if (unreserve_bytes) unreserve(bytes);
   std::lock_guard lock(mutex_);
   ++counters_.frees;
   if (deferred) ++counters_.frees_deferred;
@@ -791,6 +969,11 @@ void Engine::release_deferred(PendingFree& p) {
 }
 
 void Engine::reclaim(bool wait) {
+  if (wait && suballocate_.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(sub_mutex_);
+    close_fence_locked();
+    poll_fences_locked(true);
+  }
   std::vector<PendingFree> work;
   {
     std::lock_guard lock(mutex_);
@@ -863,6 +1046,11 @@ Stats Engine::stats_locked() const {
   s.budget_bytes = budget_bytes();
   s.max_managed_bytes = max_managed_bytes();
   s.physical_total_bytes = physical_total_.load(std::memory_order_relaxed);
+  s.live_block_bytes = table_.bytes();
+  s.suballocator_range_bytes = range_bytes_.load(std::memory_order_relaxed);
+  s.suballocator_ranges = range_count_.load(std::memory_order_relaxed);
+  s.fences = fences_recorded_.load(std::memory_order_relaxed);
+  s.discarded_bytes = discarded_bytes_.load(std::memory_order_relaxed);
   return s;
 }
 

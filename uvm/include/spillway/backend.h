@@ -3,6 +3,7 @@
 // Policies never call CUDA themselves.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "spillway/types.h"
@@ -50,6 +51,33 @@ class Backend {
   virtual void destroy_event(EventHandle event) = 0;
   // Blocks until `event` completes (used when memory is short and at exit).
   virtual Result wait_event(EventHandle event) = 0;
+
+  // Fences, for the Engine's sub-allocator (issue 12; sub_allocator.h): a freed range is
+  // reused only once every piece of work issued before its free has completed, and the free
+  // itself never waits for the device.
+  // supports_fences: whether record_fence() can work here (without it the Engine gives each
+  // allocation a managed block of its own).
+  // record_fence: an ordering point after all the work the program has issued to the device
+  // so far, on every stream (CudaBackend: an event on the legacy default stream, which
+  // follows every blocking stream, and on each non-blocking stream the program created;
+  // CUDA Programming Guide, "Default Stream" and "Implicit Synchronization"). The `count`
+  // ranges at `discard` ([addr, addr + bytes), whole dead chunks no work may use any more)
+  // are discarded once that work has completed (cuMemDiscardBatchAsync, CUDA 13, where the
+  // driver has it: the driver then neither writes them back nor fetches them), and the fence
+  // completes after the discards. Status::not_ready: no fence can be recorded now (a stream
+  // capture is in progress: the legacy stream may not be used then); try again later.
+  // Any other error: none was recorded.
+  // fence_done: ok once complete, Status::not_ready while pending; wait_fence blocks until
+  // it completes; release_fence frees it (done or not). Thread-safe.
+  virtual bool supports_fences() { return false; }
+  virtual Result record_fence(const std::uint64_t* discard_addr, const std::uint64_t* discard_bytes, std::size_t count,
+                              EventHandle* fence) {
+    (void)discard_addr, (void)discard_bytes, (void)count, (void)fence;
+    return Result{Status::not_supported, 0};
+  }
+  virtual Result fence_done(EventHandle fence) { return event_done(fence); }
+  virtual Result wait_fence(EventHandle fence) { return wait_event(fence); }
+  virtual void release_fence(EventHandle fence) { destroy_event(fence); }
 };
 
 }  // namespace spillway

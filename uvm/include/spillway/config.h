@@ -27,6 +27,8 @@ struct Config {
   std::string policy = "demand";
   SizeSetting budget;                      // unset: the physical free memory at start
   SizeSetting max_managed{0, 80.0, false};  // of host RAM
+  bool suballocator = true;                // SPILLWAY_SUBALLOCATOR
+  bool framework_per_tensor = true;        // SPILLWAY_FRAMEWORK_ALLOCATOR: per-tensor (true) or keep
   std::vector<std::string> exclude{"libnccl"};
   ReportMemory report_memory = ReportMemory::physical;
   LogLevel log_level = LogLevel::warn;

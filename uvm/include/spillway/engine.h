@@ -7,6 +7,8 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -19,6 +21,7 @@
 #include "spillway/backend.h"
 #include "spillway/config.h"
 #include "spillway/policy.h"
+#include "spillway/sub_allocator.h"
 
 namespace spillway {
 
@@ -30,7 +33,9 @@ struct Stats {
   std::uint64_t allocations_refused = 0;      // over SPILLWAY_MAX_MANAGED: out-of-memory
   std::uint64_t frees = 0;                    // managed blocks released
   std::uint64_t frees_deferred = 0;           // of those, stream-ordered frees that waited for an event
-  std::uint64_t managed_bytes = 0;            // live managed bytes now (incl. deferred frees)
+  std::uint64_t managed_bytes = 0;            // managed bytes held now (incl. deferred frees; with the
+                                              // sub-allocator: its ranges)
+  std::uint64_t live_block_bytes = 0;         // bytes of the program's live blocks now
   std::uint64_t peak_managed_bytes = 0;
   std::uint64_t peak_over_budget_bytes = 0;   // max(managed - budget, 0) over time
   std::uint64_t prefetch_to_gpu_bytes = 0;
@@ -44,6 +49,10 @@ struct Stats {
   std::uint64_t evicted_chunks = 0;           // chunks the Engine evicted to keep within the budget
   std::uint64_t prefetched_chunks = 0;        // chunks the Engine planned onto the GPU
   std::uint64_t dropped_prefetch_chunks = 0;  // prefetches dropped: no unpinned victim left
+  std::uint64_t suballocator_range_bytes = 0; // managed bytes the sub-allocator holds as ranges now
+  std::uint64_t suballocator_ranges = 0;      // how many ranges (the Backend's allocations) that is
+  std::uint64_t fences = 0;                   // fences recorded before parked ranges were reused
+  std::uint64_t discarded_bytes = 0;          // dead whole chunks discarded by those fences
   std::string policy;
 };
 
@@ -77,9 +86,13 @@ class Engine {
   bool started() const { return start_state_.load(std::memory_order_acquire) != 0; }
 
   // Allocates `bytes` of managed memory for a device allocation of `kind` and records it.
-  // Status::out_of_memory when the host cap would be passed (after waiting for deferred
-  // frees) or the Backend is out of memory; Status::invalid_value for 0 bytes.
-  // Thread-safe.
+  // With the sub-allocator (config().suballocator, where the Backend has fences), the block
+  // is carved from one of the Engine's managed ranges (sub_allocator.h; `stream` is its
+  // placement site: blocks of one stream fill the same slabs), a new range of kRangeBytes
+  // (or the request's size, if larger) is asked of the Backend only when no range has room,
+  // and the host cap counts the ranges' bytes. Status::out_of_memory when the host cap would
+  // be passed (after waiting for deferred frees and fences, and returning empty ranges) or
+  // the Backend is out of memory; Status::invalid_value for 0 bytes. Thread-safe.
   Result allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream, std::uint64_t* addr);
 
   // Releases the managed block based exactly at `addr`. With `stream`, the release is
@@ -92,7 +105,13 @@ class Engine {
   // release is still pending (Status::invalid_value, as the driver answers a second free:
   // exactly one of two concurrent frees succeeds, and a block the shim still holds never
   // reaches the driver's free twice). The Backend's free of the block waits until no move or
-  // advice that may name it is still being issued (wait_for_issuers). Thread-safe.
+  // advice that may name it is still being issued (wait_for_issuers). A sub-allocated block
+  // is dead at once (its chunks that no live block shares leave the plan) and its range is
+  // parked: it is reused only after a fence recorded after the free has completed (the free
+  // never waits for the device), and its whole chunks are discarded by that fence. An
+  // address inside the Engine's ranges that is no live block's base is ours too
+  // (Status::invalid_value: a second free), so no such address ever reaches the driver.
+  // Thread-safe.
   Result release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours);
 
   // The live block containing `addr`. Thread-safe, allocation-free.
@@ -155,8 +174,29 @@ class Engine {
   // released at once if none can be recorded; the handle is never used again. Thread-safe.
   void stream_destroyed(StreamHandle stream);
 
-  // Releases deferred frees whose events have completed; with `wait`, waits for all.
+  // Releases deferred frees whose events have completed; with `wait`, waits for all (and for
+  // every fence of the sub-allocator, recording one for the ranges parked since the last).
   void reclaim(bool wait);
+
+  // The sub-allocator's figures (for tests and the exit report). Thread-safe.
+  struct SubAllocatorStats {
+    std::uint64_t range_bytes = 0;      // managed bytes reserved from the Backend as ranges
+    std::uint64_t ranges = 0;
+    std::uint64_t allocated_bytes = 0;  // footprints of live blocks
+    std::uint64_t parked_bytes = 0;     // freed, waiting for a fence (footprints)
+    std::uint64_t fences = 0;           // fences recorded
+    std::uint64_t discarded_bytes = 0;  // whole dead chunks handed to fences to discard
+  };
+  SubAllocatorStats sub_allocator_stats() const;
+  bool suballocating() const { return suballocate_.load(std::memory_order_relaxed); }
+  // Whether `addr` lies in one of the sub-allocator's ranges (live block or not). Thread-safe.
+  bool in_suballocator_range(std::uint64_t addr) { return suballocating() && in_sub_ranges(addr); }
+
+  // Sub-allocator tuning: the size of a new range, and how many parked bytes or ranges make
+  // a release record a fence at once (otherwise the next allocation that finds no room does).
+  static constexpr std::uint64_t kRangeBytes = 64ull << 20;
+  static constexpr std::uint64_t kFenceBytes = 64ull << 20;
+  static constexpr std::size_t kFenceRanges = 1024;
 
   std::uint64_t budget_bytes() const { return budget_.load(std::memory_order_relaxed); }
   std::uint64_t max_managed_bytes() const { return max_managed_.load(std::memory_order_relaxed); }
@@ -240,9 +280,44 @@ class Engine {
   void end_release(std::uint64_t addr, std::uint64_t token);
   void drop_stale_claim(std::uint64_t addr);  // any claim at `addr` (allocate(): the driver reused it)
 
+  // The sub-allocator (sub_mutex_ guards all of it). A freed block's range is parked until a
+  // fence recorded after its free completes; an emptied slab is parked once more, so that
+  // the fence that discards it completes before anything else lands in its chunk.
+  struct ParkedRange {
+    std::uint64_t addr;
+    std::uint64_t bytes;  // as the block requested (a slab: kChunkBytes)
+    bool slab;            // an emptied slab to release, not a block to free
+  };
+  struct Fence {
+    EventHandle handle;
+    std::vector<ParkedRange> ranges;
+  };
+  Result sub_allocate(std::uint64_t bytes, StreamHandle site, std::uint64_t* addr);
+  void park(const ParkedRange& range);        // with sub_mutex_ held
+  void close_fence_locked();                  // with sub_mutex_ held
+  void poll_fences_locked(bool wait);         // with sub_mutex_ held
+  bool in_sub_ranges(std::uint64_t addr);
+  mutable std::mutex sub_mutex_;
+  SubAllocator sub_;
+  std::vector<ParkedRange> unfenced_;
+  std::uint64_t unfenced_bytes_ = 0;
+  std::deque<Fence> fences_;
+  struct DriverRange {
+    std::uint64_t addr;   // what the Backend returned
+    std::uint64_t bytes;  // what was asked of it (and reserved under the cap)
+  };
+  std::map<std::uint64_t, DriverRange> driver_ranges_;  // by the range's 2 MiB-aligned base
+  std::uint64_t parked_bytes_ = 0;
+  std::atomic<std::uint64_t> range_bytes_{0};
+  std::atomic<std::uint64_t> range_count_{0};
+  std::atomic<std::uint64_t> fences_recorded_{0};
+  std::atomic<std::uint64_t> discarded_bytes_{0};
+  std::atomic<bool> suballocate_{false};
+  std::atomic<bool> fences_pending_{false};
+
   bool reserve(std::uint64_t bytes);
   void unreserve(std::uint64_t bytes);
-  void finish_release(std::uint64_t addr, std::uint64_t bytes, bool deferred);
+  void finish_release(std::uint64_t addr, std::uint64_t bytes, bool deferred, bool unreserve_bytes = true);
   void run_policy_alloc(const Block& block);
   void run_policy_free(const Block& block);
   Stats stats_locked() const;  // with mutex_ held

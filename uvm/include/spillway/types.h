@@ -46,6 +46,7 @@ struct Block {
   AllocKind kind = AllocKind::alloc;
   StreamHandle stream = 0;   // the stream of a stream-ordered allocation, else 0
   int device = 0;
+  bool suballocated = false; // carved by the Engine's sub-allocator from one of its ranges
   std::uint64_t end() const { return base + bytes; }
   bool contains(std::uint64_t addr) const { return addr >= base && addr - base < bytes; }
 };
