@@ -495,6 +495,7 @@ void Engine::close_fence_locked() {
 }
 
 void Engine::poll_fences_locked(bool wait) {
+  bool emptied = false;
   while (!fences_.empty()) {
     Fence& f = fences_.front();
     Result r = wait ? backend_.wait_fence(f.handle) : backend_.fence_done(f.handle);
@@ -510,9 +511,13 @@ void Engine::poll_fences_locked(bool wait) {
         continue;
       }
       parked_bytes_ -= SubAllocator::footprint_bytes(p.bytes);
-      if (const std::uint64_t slab = sub_.free(p.addr, p.bytes); slab != 0) park(ParkedRange{slab, kChunkBytes, true});
+      if (const std::uint64_t slab = sub_.free(p.addr, p.bytes); slab != 0) {
+        park(ParkedRange{slab, kChunkBytes, true});
+        emptied = true;
+      }
     }
   }
+  if (emptied) close_fence_locked();  // discard the emptied slabs now (stream-ordered), reuse them after
   fences_pending_.store(!fences_.empty(), std::memory_order_relaxed);
 }
 
@@ -865,13 +870,18 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     // the plan — after the fence that discards them is issued, so that no plan counts their
     // room as free while the driver may still hold them.
     wait_for_issuers();
+    // A block on whole chunks of its own is fenced at once: the fence discards them as soon
+    // as the work before it is done, so the driver never writes the dead data back to make
+    // room the plan already counts as free. So is the last live block of a slab (its chunk is
+    // discarded by the fence after the one that frees it). Other small blocks are fenced in
+    // batches.
+    const bool small = SubAllocator::is_small(block->bytes);
+    const bool chunk_died =
+        small && !table_.first_overlapping(block->base / kChunkBytes * kChunkBytes, (block->base / kChunkBytes + 1) * kChunkBytes);
     {
       std::lock_guard lock(sub_mutex_);
       park(ParkedRange{addr, block->bytes, false});
-      // A block on whole chunks of its own is fenced at once: the fence discards them as soon
-      // as the work before it is done, so the driver never writes the dead data back to make
-      // room the plan already counts as free. Small blocks are fenced in batches.
-      if (!SubAllocator::is_small(block->bytes) || unfenced_bytes_ >= kFenceBytes || unfenced_.size() >= kFenceRanges) {
+      if (!small || chunk_died || unfenced_bytes_ >= kFenceBytes || unfenced_.size() >= kFenceRanges) {
         close_fence_locked();
       }
       if (fences_pending_.load(std::memory_order_relaxed)) poll_fences_locked(false);

@@ -1,0 +1,144 @@
+// The sub-allocator end to end (issue 12, item 5): tests/programs/per_tensor under the real
+// shim against the fake driver — a program that allocates per tensor as a framework's
+// per-tensor mode does, and one that allocates like PyTorch's caching allocator.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace spillway::test {
+namespace {
+
+const std::string kShim = SPILLWAY_SHIM;
+const std::string kFakeDir = FAKECUDA_DIR;
+const std::string kPrograms = PROGRAM_DIR;
+
+std::string describe(const RunResult& r) {
+  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
+}
+
+struct ProgramRun {
+  RunResult result;
+  std::vector<std::string> log;  // FAKECUDA_LOG
+  nlohmann::json report;         // SPILLWAY_REPORT
+  nlohmann::json stats;          // FAKECUDA_STATS (residency model), when asked for
+};
+
+ProgramRun per_tensor(std::vector<std::string> args, Env extra = {}) {
+  std::string dir = temp_dir();
+  Env env{{"LD_LIBRARY_PATH", kFakeDir},
+          {"LD_PRELOAD", kShim},
+          {"FAKECUDA_LOG", dir + "/fake.log"},
+          {"SPILLWAY_REPORT", dir + "/r.json"}};
+  if (extra.count("FAKECUDA_GPU_MEMORY")) env["FAKECUDA_STATS"] = dir + "/stats.json";
+  for (const auto& [k, v] : extra) env[k] = v;
+  args.insert(args.begin(), kPrograms + "/per_tensor");
+  ProgramRun r;
+  r.result = run(args, env, 170);
+  r.log = split_lines(read_file(dir + "/fake.log"));
+  std::string report = read_file(dir + "/r.json");
+  if (!report.empty()) r.report = nlohmann::json::parse(report);
+  std::string stats = read_file(dir + "/stats.json");
+  if (!stats.empty()) r.stats = nlohmann::json::parse(stats);
+  return r;
+}
+
+std::string call_name(const std::string& line) { return line.substr(0, line.find(' ')); }
+
+std::size_t count_calls(const ProgramRun& r, const std::string& name) {
+  std::size_t n = 0;
+  for (const std::string& l : r.log) n += call_name(l) == name;
+  return n;
+}
+
+// The program frees tensor A while the kernel writing it is still pending (the fake runs
+// stream work only when synchronized): A's range is not handed out again until that work
+// has completed, the free itself waited for nothing, and A comes back once it has.
+TEST(PerTensor, AFreedRangeIsNotReusedWhileItsKernelMayStillRun) {
+  ProgramRun r = per_tensor({"reuse"}, {{"FAKECUDA_ASYNC", "1"}});
+  ASSERT_EQ(r.result.status, 0) << describe(r.result);
+  const std::string a = field(r.result.out, "A");
+  ASSERT_FALSE(a.empty());
+  EXPECT_NE(field(r.result.out, "B"), a) << "A was reused while its kernel was pending";
+  EXPECT_EQ(field(r.result.out, "pending_after_free"), "1") << "the free waited for the device";
+  EXPECT_EQ(field(r.result.out, "pending_before_sync"), "1") << "1100 frees waited for the device";
+  EXPECT_EQ(field(r.result.out, "reused"), "1") << "A never came back once its work was done";
+  // Nothing before the program's own cuCtxSynchronize waited for the device.
+  for (const std::string& l : r.log) {
+    const std::string name = call_name(l);
+    if (name == "cuCtxSynchronize") break;
+    EXPECT_TRUE(name != "cuStreamSynchronize" && name != "cuEventSynchronize" && name != "cuMemFree_v2") << l;
+  }
+  // One range from the driver serves the 1100 tensors; fences on the legacy stream order reuse.
+  EXPECT_LE(count_calls(r, "cuMemAllocManaged"), 3u);
+  EXPECT_GE(r.report["suballocator"]["fences"].get<int>(), 1) << r.report.dump();
+  bool legacy = false;
+  for (const std::string& l : r.log) legacy = legacy || (call_name(l) == "cuEventRecord" && l.find("stream=0x1 ") != std::string::npos);
+  EXPECT_TRUE(legacy) << "a fence records on the legacy stream";
+}
+
+// Large and small tensors die around a live 4 MiB tensor and live small ones: the fake fills
+// every discarded range with 0xdd, so a discard that touched a live tensor fails the
+// program's checks.
+TEST(PerTensor, DiscardIsNeverAppliedToALiveRange) {
+  ProgramRun r = per_tensor({"discard", "20"});
+  ASSERT_EQ(r.result.status, 0) << describe(r.result);
+  EXPECT_NE(r.result.out.find("ok"), std::string::npos);
+  EXPECT_GT(count_calls(r, "cuMemDiscardBatchAsync"), 0u) << "the dead chunks were discarded";
+  EXPECT_GT(r.report["suballocator"]["discarded"].get<std::uint64_t>(), 0u);
+  for (const std::string& l : r.log) {
+    if (call_name(l) == "cuMemDiscardBatchAsync") EXPECT_NE(l.find("-> 0"), std::string::npos) << l;
+  }
+  EXPECT_EQ(r.report["bytes"]["live_blocks"], 0);
+}
+
+// A forward/backward pattern through a GPU a quarter of its working set: exact extents, every
+// tensor checked before its free, one driver allocation instead of one per tensor, dead
+// chunks discarded rather than evicted, and the driver never has to evict (dead or live).
+TEST(PerTensor, TrainingPatternMovesNoDeadDataAndNeedsNoDriverEviction) {
+  const std::string gpu = std::to_string(16 << 20);
+  Env env{{"FAKECUDA_GPU_MEMORY", gpu}, {"SPILLWAY_BUDGET", gpu}, {"SPILLWAY_POLICY", "learned"}};
+  ProgramRun on = per_tensor({"training", "20"}, env);
+  env["SPILLWAY_SUBALLOCATOR"] = "off";
+  ProgramRun off = per_tensor({"training", "20"}, env);
+  for (const ProgramRun* r : {&on, &off}) {
+    ASSERT_EQ(r->result.status, 0) << describe(r->result);
+    ASSERT_TRUE(r->stats.is_object());
+    EXPECT_EQ(r->stats["faults"], 0) << r->stats.dump();
+  }
+  std::printf("training x20, 16 MiB GPU: sub-allocator on: %zu driver allocations, evicted %llu B, discarded %llu chunks, "
+              "driver evictions %llu; off: %zu driver allocations, evicted %llu B\n",
+              count_calls(on, "cuMemAllocManaged"), on.report["bytes"]["evicted_to_host"].get<unsigned long long>(),
+              on.stats["discarded"].get<unsigned long long>(), on.stats["driver_evictions"].get<unsigned long long>(),
+              count_calls(off, "cuMemAllocManaged"), off.report["bytes"]["evicted_to_host"].get<unsigned long long>());
+  EXPECT_EQ(count_calls(on, "cuMemAllocManaged"), 1u);
+  EXPECT_EQ(count_calls(off, "cuMemAllocManaged"), 320u);
+  EXPECT_EQ(on.stats["driver_evictions"], 0) << on.stats.dump();
+  EXPECT_GT(on.stats["discarded"].get<int>(), 0) << on.stats.dump();
+  EXPECT_LT(on.report["bytes"]["evicted_to_host"].get<std::uint64_t>(), off.report["bytes"]["evicted_to_host"].get<std::uint64_t>())
+      << "dead tensors are dropped, not evicted";
+}
+
+// The caching allocator's way: segments are blocks of their own (exact address range), kernels
+// point into their middle, the data stays right.
+TEST(PerTensor, CachingAllocatorSegmentsKeepTheirExtentAndData) {
+  ProgramRun r = per_tensor({"segments", "4"});
+  ASSERT_EQ(r.result.status, 0) << describe(r.result);
+  EXPECT_EQ(field(r.result.out, "segment_range"), "exact");
+}
+
+TEST(PerTensor, SixteenThreadsAllocatingLaunchingAndFreeing) {
+  ProgramRun r = per_tensor({"threads", "16", "400"});
+  ASSERT_EQ(r.result.status, 0) << describe(r.result);
+  EXPECT_EQ(field(r.result.out, "failures"), "0");
+  EXPECT_EQ(r.report["bytes"]["live_blocks"], 0) << r.report.dump();
+  EXPECT_EQ(r.report["allocations"]["redirected"], 16 * 400) << r.report.dump();
+  EXPECT_EQ(r.report["allocations"]["frees"], 16 * 400) << r.report.dump();
+  EXPECT_EQ(r.report["driver_calls_refused"], 0) << r.report.dump();
+}
+
+}  // namespace
+}  // namespace spillway::test

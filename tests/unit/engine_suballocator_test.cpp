@@ -1,0 +1,179 @@
+// The Engine's sub-allocator path (engine.h, sub_allocator.h) over a Backend whose fences
+// complete only when the test says so: a freed range is never reused before a fence after
+// its free has completed, a free never waits, only whole dead chunks are discarded, and the
+// cap counts the ranges.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "../support/instant_backend.h"
+#include "spillway/engine.h"
+#include "spillway/policy.h"
+
+namespace spillway {
+namespace {
+
+class FenceBackend final : public test_support::InstantBackend {
+ public:
+  bool supports_fences() override { return true; }
+  Result record_fence(const std::uint64_t* addr, const std::uint64_t* bytes, std::size_t count, EventHandle* fence) override {
+    if (refuse_fences) return Result{Status::not_ready, 0};
+    *fence = ++fences;
+    for (std::size_t i = 0; i < count; ++i) discards.push_back({addr[i], bytes[i], *fence});
+    return {};
+  }
+  Result fence_done(EventHandle fence) override { return fence <= completed ? Result{} : Result{Status::not_ready, 0}; }
+  Result wait_fence(EventHandle fence) override {
+    ++waits;
+    completed = std::max<std::uint64_t>(completed, fence);
+    return {};
+  }
+  void release_fence(EventHandle) override {}
+  Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
+    ++ranges;
+    return InstantBackend::allocate_managed(bytes, addr);
+  }
+  struct Discard {
+    std::uint64_t addr, bytes, fence;
+  };
+  std::vector<Discard> discards;
+  std::uint64_t fences = 0, completed = 0, waits = 0, ranges = 0;
+  bool refuse_fences = false;
+};
+
+std::unique_ptr<Engine> make_engine(FenceBackend& b, std::uint64_t max_managed = 1ull << 40) {
+  Config c;
+  c.max_managed = SizeSetting{max_managed, 0.0, false};
+  auto policy = make_policy("demand");
+  return std::make_unique<Engine>(c, b, std::move(policy));
+}
+
+TEST(EngineSubAllocator, AFreedRangeComesBackOnlyAfterItsFenceCompletes) {
+  FenceBackend b;
+  auto e = make_engine(b);
+  std::uint64_t a = 0, x = 0;
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &a).ok());
+  ASSERT_TRUE(e->suballocating());
+  bool ours = false;
+  ASSERT_TRUE(e->release(a, std::nullopt, &ours).ok());
+  EXPECT_TRUE(ours);
+  EXPECT_EQ(b.waits, 0u) << "a free never waits for the device";
+  EXPECT_EQ(b.fences, 1u) << "a block on chunks of its own is fenced at once";
+  std::set<std::uint64_t> seen;
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &x).ok());
+    EXPECT_NE(x, a) << "reused before its fence completed";
+    seen.insert(x);
+  }
+  b.completed = b.fences;
+  bool reused = false;
+  for (int i = 0; i < 64 && !reused; ++i) {
+    ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &x).ok());
+    reused = x == a;
+  }
+  EXPECT_TRUE(reused);
+  // Its two chunks were discarded by the fence, nothing else.
+  ASSERT_EQ(b.discards.size(), 1u);
+  EXPECT_EQ(b.discards[0].addr, a);
+  EXPECT_EQ(b.discards[0].bytes, 4u << 20);
+}
+
+TEST(EngineSubAllocator, OnlyWholeDeadChunksAreDiscarded) {
+  FenceBackend b;
+  auto e = make_engine(b);
+  // Two small blocks share a slab; while one lives, no discard may name the slab.
+  std::uint64_t p = 0, q = 0;
+  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &p).ok());
+  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &q).ok());
+  ASSERT_EQ(p / kChunkBytes, q / kChunkBytes);
+  bool ours = false;
+  ASSERT_TRUE(e->release(p, std::nullopt, &ours).ok());
+  b.completed = b.fences;
+  for (int i = 0; i < 3; ++i) {  // fences come and go while q lives
+    std::uint64_t t = 0;
+    ASSERT_TRUE(e->allocate(8 << 20, AllocKind::alloc, 0, &t).ok());
+    ASSERT_TRUE(e->release(t, std::nullopt, &ours).ok());
+    b.completed = b.fences;
+  }
+  for (const auto& d : b.discards) {
+    EXPECT_TRUE(q + 4096 <= d.addr || d.addr + d.bytes <= q) << "discarded a range holding a live block";
+    EXPECT_EQ(d.addr % kChunkBytes, 0u);
+    EXPECT_EQ(d.bytes % kChunkBytes, 0u);
+  }
+  // The slab's last block: the slab is discarded by the fence after the one that frees it.
+  ASSERT_TRUE(e->release(q, std::nullopt, &ours).ok());
+  const std::uint64_t slab = q / kChunkBytes * kChunkBytes;
+  b.completed = b.fences;
+  std::uint64_t t = 0;
+  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &t).ok());  // polls: the slab comes back empty
+  bool slab_discarded = false;
+  for (const auto& d : b.discards) slab_discarded = slab_discarded || (d.addr == slab && d.bytes == kChunkBytes);
+  EXPECT_TRUE(slab_discarded);
+}
+
+TEST(EngineSubAllocator, FencesRefusedDuringACaptureKeepRangesParked) {
+  FenceBackend b;
+  auto e = make_engine(b);
+  std::uint64_t a = 0, x = 0;
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &a).ok());
+  b.refuse_fences = true;
+  bool ours = false;
+  ASSERT_TRUE(e->release(a, std::nullopt, &ours).ok());
+  EXPECT_EQ(b.fences, 0u);
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &x).ok());
+    EXPECT_NE(x, a);
+  }
+  EXPECT_EQ(e->stats().backend_errors, 0u) << "not_ready is no error";
+}
+
+TEST(EngineSubAllocator, SecondFreeAndInteriorPointersAreOursAndRefused) {
+  FenceBackend b;
+  auto e = make_engine(b);
+  std::uint64_t a = 0, c = 0;
+  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &a).ok());
+  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &c).ok());
+  bool ours = false;
+  ASSERT_TRUE(e->release(a, std::nullopt, &ours).ok());
+  Result again = e->release(a, std::nullopt, &ours);
+  EXPECT_TRUE(ours) << "an address in our ranges never reaches the driver's free";
+  EXPECT_EQ(again.status, Status::invalid_value);
+  Result interior = e->release(c + 512, std::nullopt, &ours);
+  EXPECT_TRUE(ours);
+  EXPECT_EQ(interior.status, Status::invalid_value);
+  Result foreign = e->release(0x1000, std::nullopt, &ours);
+  EXPECT_FALSE(ours);
+  EXPECT_TRUE(foreign.ok());
+}
+
+TEST(EngineSubAllocator, CapCountsRangesAndWaitsForParkedOnesBeforeRefusing) {
+  FenceBackend b;
+  // Room for one range of 64 MiB + 2 MiB and no more.
+  auto e = make_engine(b, (66ull << 20) + 4096);
+  std::vector<std::uint64_t> blocks;
+  for (int i = 0; i < 16; ++i) {
+    std::uint64_t p = 0;
+    ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &p).ok()) << i;
+    blocks.push_back(p);
+  }
+  EXPECT_EQ(b.ranges, 1u);
+  std::uint64_t p = 0;
+  // Full (2 MiB spare): the 17th would need a second range.
+  EXPECT_EQ(e->allocate(4 << 20, AllocKind::alloc, 0, &p).status, Status::out_of_memory);
+  ASSERT_TRUE(e->allocate(2 << 20, AllocKind::alloc, 0, &p).ok()) << "the range's spare chunk";
+  bool ours = false;
+  ASSERT_TRUE(e->release(blocks[3], std::nullopt, &ours).ok());
+  // Its fence is pending: the allocation waits for it (only here, short of room) and reuses it.
+  const std::uint64_t waits = b.waits;
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &p).ok());
+  EXPECT_EQ(p, blocks[3]);
+  EXPECT_GT(b.waits, waits);
+  EXPECT_EQ(b.ranges, 1u);
+  EXPECT_EQ(e->stats().allocations_refused, 1u);
+}
+
+}  // namespace
+}  // namespace spillway
