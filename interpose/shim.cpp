@@ -126,7 +126,13 @@ struct State {
 State* g_state = nullptr;
 std::once_flag g_state_once;
 
+// (std::call_once sets thread-local state and calls pthread_once on every call, about 40
+// instructions and a __tls_get_addr: every hook asks for the state several times, so a
+// released atomic answers once it is made.)
+std::atomic<State*> g_state_ready{nullptr};
+
 State& state() {
+  if (State* s = g_state_ready.load(std::memory_order_acquire)) return *s;
   std::call_once(g_state_once, [] {
     auto* s = new State();
     ConfigResult cr = read_config(policy_names());
@@ -143,6 +149,7 @@ State& state() {
       if (s->engine != nullptr && !s->config.trace_path.empty()) install_trace_recorder(*s->engine, s->config.trace_path);
     }
     g_state = s;
+    g_state_ready.store(s, std::memory_order_release);
   });
   return *g_state;
 }
@@ -161,7 +168,10 @@ void* resolve_in(void* handle, const char* name, void* self) {
 
 Real& real() { return g_real; }
 
+std::atomic<bool> g_driver_tried{false};
+
 bool ensure_driver() {
+  if (g_driver_tried.load(std::memory_order_acquire)) return g_driver_ok.load(std::memory_order_acquire);
   std::call_once(g_driver_once, [] {
     ShimCallScope scope;
     if (real_dlsym() == nullptr) return;
@@ -189,6 +199,7 @@ bool ensure_driver() {
     }
     g_driver_ok.store(g_real.cuMemAllocManaged != nullptr && g_real.cuMemFree_v2 != nullptr);
   });
+  g_driver_tried.store(true, std::memory_order_release);
   return g_driver_ok.load(std::memory_order_acquire);
 }
 

@@ -16,6 +16,7 @@ namespace spillway {
 class DemandPolicy final : public Policy {
  public:
   std::string_view name() const override { return "demand"; }
+  bool sees_allocations() const override { return false; }
 };
 
 // `advise`: static advice at allocation: preferred location = the allocating GPU, and

@@ -130,7 +130,7 @@ CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count,
   }
   if (!submit(s)) return CUDA_SUCCESS;  // captured: not run
   for (size_t i = 0; i < count; ++i) {
-    std::memset(reinterpret_cast<void*>(dptrs[i]), 0xdd, sizes[i]);
+    if (config().discard_poison) std::memset(reinterpret_cast<void*>(dptrs[i]), 0xdd, sizes[i]);
     residency_discard(dptrs[i], sizes[i]);
   }
   return CUDA_SUCCESS;

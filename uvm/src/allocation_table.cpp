@@ -48,8 +48,14 @@ bool AllocationTable::insert(const Block& block) {
   bytes_ += block.bytes;
   const std::uint64_t first = chunk_of(block.base), last = chunk_of(block.end() - 1);
   if (last > first + 1) index_.assign(first + 1, last, b);  // its own
-  reindex(first);
-  if (last != first) reindex(last);
+  // An end chunk's slot gains a block: none before -> this one; one or several -> shared.
+  // (No search of blocks_: the sub-allocator packs hundreds of small blocks into a chunk.)
+  for (std::uint64_t c : {first, last}) {
+    const Block* const* slot = index_.find(c);
+    const Block* before = slot == nullptr ? nullptr : *slot;
+    if (before != &kShared) index_.set(c, before == nullptr ? b : &kShared);
+    if (last == first) break;
+  }
   return true;
 }
 
@@ -62,8 +68,13 @@ std::optional<Block> AllocationTable::erase(std::uint64_t base) {
   blocks_.erase(it);
   const std::uint64_t first = chunk_of(b.base), last = chunk_of(b.end() - 1);
   if (last > first + 1) index_.assign(first + 1, last, nullptr);
-  reindex(first);
-  if (last != first) reindex(last);
+  // An end chunk this block had alone is empty now; a shared one is searched again.
+  for (std::uint64_t c : {first, last}) {
+    const Block* const* slot = index_.find(c);
+    if (slot != nullptr && *slot == &kShared) reindex(c);
+    else index_.set(c, nullptr);
+    if (last == first) break;
+  }
   return b;
 }
 

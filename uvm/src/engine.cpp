@@ -288,6 +288,8 @@ void Engine::drop_stale_claim(std::uint64_t addr) {
 Engine::Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy)
     : config_(std::move(config)), backend_(backend), policy_(std::move(policy)), residency_(std::make_unique<Residency>()) {
   counters_.policy = std::string(policy_->name());
+  policy_sees_allocations_ = policy_->sees_allocations();
+  policy_manages_residency_ = policy_->manages_residency();
 }
 
 Engine::~Engine() = default;
@@ -538,14 +540,21 @@ Engine::SubAllocatorStats Engine::sub_allocator_stats() const {
   return s;
 }
 
+void Engine::note_over_budget() {
+  const std::uint64_t managed = managed_bytes(), budget = budget_bytes();
+  if (managed <= budget) return;
+  for (std::uint64_t peak = peak_over_budget_.load(std::memory_order_relaxed);
+       managed - budget > peak && !peak_over_budget_.compare_exchange_weak(peak, managed - budget);) {
+  }
+}
+
 void Engine::run_policy_alloc(const Block& block) {
+  redirected_.fetch_add(1, std::memory_order_relaxed);
+  note_over_budget();
+  if (!policy_sees_allocations_ && observer_.load(std::memory_order_acquire) == nullptr) return;
   EngineActions actions;
   {
     std::lock_guard lock(mutex_);
-    ++counters_.allocations_redirected;
-    std::uint64_t managed = managed_bytes();
-    std::uint64_t budget = budget_bytes();
-    if (managed > budget) counters_.peak_over_budget_bytes = std::max(counters_.peak_over_budget_bytes, managed - budget);
     if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_alloc(block);
     policy_->on_alloc(block, actions);
   }
@@ -561,6 +570,7 @@ void Engine::count_action(const Action& a, const Result& r) {
 }
 
 void Engine::run_policy_free(const Block& block) {
+  if (!policy_sees_allocations_ && !policy_manages_residency_ && observer_.load(std::memory_order_acquire) == nullptr) return;
   EngineActions actions;  // a policy may not move a dying block; requests are dropped
   std::lock_guard lock(mutex_);
   if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_free(block);
@@ -872,12 +882,14 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     wait_for_issuers();
     // A block on whole chunks of its own is fenced at once: the fence discards them as soon
     // as the work before it is done, so the driver never writes the dead data back to make
-    // room the plan already counts as free. So is the last live block of a slab (its chunk is
-    // discarded by the fence after the one that frees it). Other small blocks are fenced in
-    // batches.
+    // room the plan already counts as free. So is the last live block of a slab the plan holds
+    // resident (its chunk is discarded by the fence after the one that frees it). Other small
+    // blocks are fenced in batches.
+    // (Only a chunk the plan holds resident: its room is what a plan would reuse.)
     const bool small = SubAllocator::is_small(block->bytes);
-    const bool chunk_died =
-        small && !table_.first_overlapping(block->base / kChunkBytes * kChunkBytes, (block->base / kChunkBytes + 1) * kChunkBytes);
+    const ChunkIndex chunk = chunk_of(block->base);
+    const bool chunk_died = small && policy_manages_residency_ && planned_resident(chunk) &&
+                            !table_.first_overlapping(chunk * kChunkBytes, (chunk + 1) * kChunkBytes);
     {
       std::lock_guard lock(sub_mutex_);
       park(ParkedRange{addr, block->bytes, false});
@@ -928,9 +940,8 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
 
 void Engine::finish_release(std::uint64_t, std::uint64_t bytes, bool deferred, bool unreserve_bytes) {
   if (unreserve_bytes) unreserve(bytes);
-  std::lock_guard lock(mutex_);
-  ++counters_.frees;
-  if (deferred) ++counters_.frees_deferred;
+  frees_count_.fetch_add(1, std::memory_order_relaxed);
+  if (deferred) frees_deferred_count_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Engine::stream_destroyed(StreamHandle stream) {
@@ -1057,6 +1068,10 @@ Stats Engine::stats_locked() const {
   s.max_managed_bytes = max_managed_bytes();
   s.physical_total_bytes = physical_total_.load(std::memory_order_relaxed);
   s.live_block_bytes = table_.bytes();
+  s.allocations_redirected = redirected_.load(std::memory_order_relaxed);
+  s.frees = frees_count_.load(std::memory_order_relaxed);
+  s.frees_deferred = frees_deferred_count_.load(std::memory_order_relaxed);
+  s.peak_over_budget_bytes = peak_over_budget_.load(std::memory_order_relaxed);
   s.suballocator_range_bytes = range_bytes_.load(std::memory_order_relaxed);
   s.suballocator_ranges = range_count_.load(std::memory_order_relaxed);
   s.fences = fences_recorded_.load(std::memory_order_relaxed);

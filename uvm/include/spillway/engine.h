@@ -321,6 +321,15 @@ class Engine {
   void run_policy_alloc(const Block& block);
   void run_policy_free(const Block& block);
   Stats stats_locked() const;  // with mutex_ held
+  void note_over_budget();     // peak_over_budget_, lock-free
+
+  // Counted without the lock (the allocation path): merged into stats().
+  std::atomic<std::uint64_t> redirected_{0};
+  std::atomic<std::uint64_t> frees_count_{0};
+  std::atomic<std::uint64_t> frees_deferred_count_{0};
+  std::atomic<std::uint64_t> peak_over_budget_{0};
+  bool policy_sees_allocations_ = true;  // policy_->sees_allocations(), read once
+  bool policy_manages_residency_ = false;
 
   Config config_;
   Backend& backend_;

@@ -71,6 +71,9 @@ class Policy {
   virtual void on_alloc(const Block& block, Actions& actions) { (void)block, (void)actions; }
   // A managed block is about to be released.
   virtual void on_free(const Block& block, Actions& actions) { (void)block, (void)actions; }
+  // False when on_alloc and on_free do nothing: the Engine then skips them (and its lock)
+  // on the allocation path. Must not change over the policy's life.
+  virtual bool sees_allocations() const { return true; }
 
   // --- launch-driven policies (issue 3). Defaults keep a policy purely static. ---
 
