@@ -2,7 +2,9 @@
 // the simulator's `pytorch` allocator view built on them (compile(trace, AllocatorView)).
 #include <gtest/gtest.h>
 
+#include "spillway/engine.h"
 #include "spillway/footprint.h"
+#include "spillway/sub_allocator.h"
 #include "spillway/sim/caching_allocator.h"
 #include "spillway/sim/simulator.h"
 #include "trace_builder.h"
@@ -140,6 +142,71 @@ TEST(AllocatorView, TheEngineSeesSegmentsAndNoFreesInASimulation) {
   EXPECT_EQ(rp.engine.frees, 0u);
   EXPECT_EQ(rp.engine.allocations_redirected, 1u) << "one 20 MiB segment serves every iteration";
   EXPECT_EQ(rp.bound_ns, rn.bound_ns) << "one bound, from the true accesses";
+}
+
+// `spillway`: every tensor a block of its own extent, placed by the shim's sub-allocator (the
+// same code: SubAllocator), small ones sharing a slab; every free seen; a shared chunk keeps
+// its state while one of its blocks lives.
+TEST(AllocatorView, SpillwayViewCarvesTensorsWithTheShimsSubAllocator) {
+  testing::Builder b;
+  b.alloc(1, 100 * KiB).alloc(2, 100 * KiB).alloc(3, 5 * MiB).kernel("k", 1000, {1, 2, 3}).free(1).alloc(4, 100 * KiB).kernel(
+      "k", 1000, {2, 4});
+  CompiledTrace none = compile(b.t);
+  CompiledTrace sv = compile(b.t, AllocatorView::spillway);
+  EXPECT_EQ(sv.allocator, AllocatorView::spillway);
+  EXPECT_EQ(sv.peak_bytes, none.peak_bytes);
+  ASSERT_EQ(sv.blocks.size(), 4u) << "one block per tensor";
+  // The same placements the shim's SubAllocator makes over one range at the arena's base.
+  SubAllocator shim;
+  shim.add_range(kArenaBase, SubAllocator::range_bytes_for(100 * KiB, Engine::kRangeBytes));
+  const std::uint64_t a1 = shim.allocate(100 * KiB), a2 = shim.allocate(100 * KiB), a3 = shim.allocate(5 * MiB);
+  shim.free(a1, 100 * KiB);
+  const std::uint64_t a4 = shim.allocate(100 * KiB);
+  EXPECT_EQ(sv.blocks[0].addr, a1);
+  EXPECT_EQ(sv.blocks[1].addr, a2);
+  EXPECT_EQ(sv.blocks[2].addr, a3);
+  EXPECT_EQ(sv.blocks[3].addr, a4);
+  EXPECT_EQ(sv.blocks[0].first_chunk, sv.blocks[1].first_chunk) << "small tensors share a slab";
+  EXPECT_TRUE(sv.blocks[0].fresh);
+  EXPECT_FALSE(sv.blocks[1].fresh) << "block 2 lands in a chunk block 1 holds";
+  EXPECT_FALSE(sv.blocks[3].fresh) << "block 4 lands in a chunk block 2 still holds";
+  EXPECT_EQ(sv.blocks[2].addr % kChunkBytes, 0u) << "a large tensor takes chunks of its own";
+  std::size_t frees = 0;
+  for (const Op& op : sv.ops) frees += op.kind == Op::Kind::free;
+  EXPECT_EQ(frees, 1u) << "the Engine sees the tensor's free";
+  // Exact extents: the accesses are the tensors' own ranges.
+  const KernelRecord& k1 = sv.kernels[0];
+  ASSERT_EQ(k1.access_end - k1.access_begin, 3u);
+  EXPECT_EQ(sv.accesses[k1.access_begin].addr, a1);
+  EXPECT_EQ(sv.accesses[k1.access_begin].bytes, 100 * KiB);
+  EXPECT_EQ(sv.accesses[k1.access_begin + 2].bytes, 5 * MiB);
+  // The shared chunk is not touched afresh by block 4: block 2's data is live on it.
+  const KernelRecord& k2 = sv.kernels[1];
+  ASSERT_EQ(k2.touch_end - k2.touch_begin, 1u);
+  EXPECT_FALSE(sv.touches[k2.touch_begin].first_touch);
+}
+
+TEST(AllocatorView, SpillwayViewDropsAChunkOnlyWhenItsLastBlockDies) {
+  testing::Builder b;
+  for (int it = 0; it < 6; ++it) {
+    const std::uint64_t id = 10 * it;
+    b.alloc(id + 1, 64 * KiB).alloc(id + 2, 64 * KiB).alloc(id + 3, 4 * MiB);
+    b.kernel("fwd", 100000, {id + 1, id + 3}, {id + 2}).free(id + 1).kernel("bwd", 100000, {id + 2, id + 3}).free(id + 2).free(id + 3);
+  }
+  CompiledTrace none = compile(b.t), sv = compile(b.t, AllocatorView::spillway);
+  SimParams p = default_params();
+  p.capacity_bytes = 2 * kChunkBytes;
+  MinFetch truth = min_fetch(none, p.capacity_bytes / kChunkBytes);
+  CellResult rn = run_cell(none, "learned", p, nullptr, &truth);
+  CellResult rs = run_cell(sv, "learned", p, nullptr, &truth);
+  EXPECT_EQ(rs.allocator, "spillway");
+  EXPECT_EQ(rs.engine.frees, rn.engine.frees) << "every free seen";
+  EXPECT_EQ(rs.engine.allocations_redirected, rn.engine.allocations_redirected);
+  EXPECT_EQ(rs.bound_ns, rn.bound_ns);
+  // Blocks 1 and 2 share a chunk in the spillway view (one chunk instead of two in none):
+  // the data moved can only shrink.
+  EXPECT_LE(rs.sim.h2d_bytes, rn.sim.h2d_bytes);
+  EXPECT_LE(rs.sim.d2h_bytes, rn.sim.d2h_bytes);
 }
 
 }  // namespace

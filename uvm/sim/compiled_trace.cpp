@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include "spillway/footprint.h"
+#include "spillway/engine.h"
 #include "spillway/sim/caching_allocator.h"
+#include "spillway/sub_allocator.h"
 #include "spillway/size.h"
 
 namespace spillway::sim {
@@ -97,11 +99,19 @@ std::string base_name(const std::string& path) {
 
 }  // namespace
 
-const char* to_string(AllocatorView view) { return view == AllocatorView::pytorch ? "pytorch" : "none"; }
+const char* to_string(AllocatorView view) {
+  switch (view) {
+    case AllocatorView::pytorch: return "pytorch";
+    case AllocatorView::spillway: return "spillway";
+    case AllocatorView::none: break;
+  }
+  return "none";
+}
 
 std::optional<AllocatorView> parse_allocator_view(const std::string& text) {
   if (text == "none") return AllocatorView::none;
   if (text == "pytorch") return AllocatorView::pytorch;
+  if (text == "spillway") return AllocatorView::spillway;
   return std::nullopt;
 }
 
@@ -110,7 +120,10 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
   ct.path = t.path;
   ct.allocator = view;
   const bool segments = view == AllocatorView::pytorch;
+  const bool carved = view == AllocatorView::spillway;
   PytorchCachingAllocator framework;  // (`pytorch`)
+  SubAllocator shim;                  // (`spillway`): the shim's sub-allocator over arena ranges
+  std::vector<std::uint32_t> chunk_live;  // (`spillway`) per chunk: live blocks on it
   struct Tensor {
     PytorchCachingAllocator::Placement place;
     std::uint64_t addr = 0;   // its address inside its segment
@@ -135,7 +148,37 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
       merge_at.resize(chunks, 0);
       merge_epoch.resize(chunks, kNever);
       owner.resize(chunks, kNever);
+      chunk_live.resize(chunks, 0);
     }
+  };
+  // (`spillway`) A tensor carved by the sub-allocator; a new range is taken from the arena
+  // when none has room (Engine::kRangeBytes, as the shim's Engine asks its Backend).
+  auto carve_block = [&](std::uint64_t bytes, std::uint64_t site, std::uint64_t line) {
+    std::uint64_t addr = shim.allocate(bytes, site);
+    if (addr == 0) {
+      const std::uint64_t range = SubAllocator::range_bytes_for(bytes, Engine::kRangeBytes);
+      const std::uint32_t start = arena.allocate(static_cast<std::uint32_t>(range / kChunkBytes));
+      if (arena.top() > kMaxArenaChunks) {
+        throw trace::TraceError(t.path, line,
+                                fmt::format("the blocks live at once need more than the simulator's {} of address space",
+                                            format_bytes(kMaxArenaChunks * kChunkBytes)));
+      }
+      grow(arena.top());
+      shim.add_range(kArenaBase + std::uint64_t(start) * kChunkBytes, range);
+      addr = shim.allocate(bytes, site);
+    }
+    const std::uint32_t first = static_cast<std::uint32_t>((addr - kArenaBase) / kChunkBytes);
+    const std::uint32_t last = static_cast<std::uint32_t>((addr + bytes - 1 - kArenaBase) / kChunkBytes);
+    const std::uint32_t seq = static_cast<std::uint32_t>(ct.blocks.size());
+    bool fresh = true;
+    for (std::uint32_t c = first; c <= last; ++c) {
+      fresh = fresh && chunk_live[c] == 0;
+      ++chunk_live[c];
+      owner[c] = seq;
+    }
+    ct.blocks.push_back({addr, bytes, first, last - first + 1, fresh});
+    ct.ops.push_back({Op::Kind::alloc, seq});
+    return seq;
   };
   // A block the Engine sees, on whole chunks of the arena.
   auto place_block = [&](std::uint64_t bytes, std::uint64_t line) {
@@ -160,6 +203,10 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
       case trace::EventKind::alloc: {
         live_chunk_bytes += (e.bytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
         ct.peak_bytes = std::max(ct.peak_bytes, live_chunk_bytes);
+        if (carved) {
+          live[e.id] = carve_block(e.bytes, std::hash<std::string>{}(e.site), e.line);
+          break;
+        }
         if (!segments) {
           live[e.id] = place_block(e.bytes, e.line);
           break;
@@ -189,7 +236,12 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
           break;
         }
         const BlockPlacement& b = ct.blocks[it->second];
-        arena.release(b.first_chunk, b.chunks);
+        if (carved) {  // reusable at once; an emptied slab goes back to the chunks at once
+          if (const std::uint64_t slab = shim.free(b.addr, b.bytes); slab != 0) shim.release_slab(slab);
+          for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) --chunk_live[c];
+        } else {
+          arena.release(b.first_chunk, b.chunks);
+        }
         ct.ops.push_back({Op::Kind::free, it->second});
         live.erase(it);
         break;
@@ -273,6 +325,7 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
     const Op& op = ct.ops[i];
     if (op.kind == Op::Kind::alloc) {
       const BlockPlacement& b = ct.blocks[op.index];
+      if (!b.fresh) continue;  // (a chunk other live blocks hold: its use goes on)
       for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) next_pos[c] = kNever;
     } else if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) {
       const KernelRecord& k = ct.kernels[op.index];
@@ -287,6 +340,7 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
   for (const Op& op : ct.ops) {
     if (op.kind == Op::Kind::alloc) {
       const BlockPlacement& b = ct.blocks[op.index];
+      if (!b.fresh) continue;
       for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) touched[c] = false;
     } else if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) {
       const KernelRecord& k = ct.kernels[op.index];

@@ -14,7 +14,7 @@ SimBackend::SimBackend(const CompiledTrace& trace, const SimParams& params, bool
       params.density_threshold >= 1.0 ? pages
                                       : std::min<std::uint64_t>(pages, static_cast<std::uint64_t>(std::floor(params.density_threshold * pages)) + 1));
   const std::size_t n = trace.arena_chunks;
-  live_block_.assign(n, 0);
+  live_count_.assign(n, 0);
   state_.assign(n, fresh);
   flags_.assign(n, 0);
   ready_.assign(n, 0);
@@ -46,28 +46,28 @@ Result SimBackend::allocate_managed(std::uint64_t bytes, std::uint64_t* addr) {
   }
   const BlockPlacement& b = trace_.blocks[expected_block_];
   for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
-    live_block_[c] = expected_block_ + 1;
+    if (live_count_[c]++ != 0) continue;  // (a chunk other live blocks hold keeps its state)
     state_[c] = fresh;
     flags_[c] = 0;
   }
+  live_addr_[b.addr] = expected_block_;
   *addr = b.addr;
   return {};
 }
 
 Result SimBackend::free_managed(std::uint64_t addr) {
-  if (addr < kArenaBase) return Result{Status::invalid_value, 0};
-  std::uint64_t rel = (addr - kArenaBase) / kChunkBytes;
-  if (rel >= live_block_.size() || live_block_[rel] == 0) return Result{Status::invalid_value, 0};
-  const BlockPlacement& b = trace_.blocks[live_block_[rel] - 1];
-  if (b.addr != addr) return Result{Status::invalid_value, 0};
+  auto it = live_addr_.find(addr);
+  if (it == live_addr_.end()) return Result{Status::invalid_value, 0};
+  const BlockPlacement& b = trace_.blocks[it->second];
+  live_addr_.erase(it);
   for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
+    if (--live_count_[c] != 0) continue;  // another live block still holds the chunk
     if (state_[c] == gpu) {
       leave(c);
       ++stats_.chunks_dropped;
     }
     state_[c] = fresh;
     flags_[c] = 0;
-    live_block_[c] = 0;
   }
   return {};
 }
@@ -137,7 +137,7 @@ void SimBackend::make_resident(std::uint32_t c, std::uint64_t ready) {
 }
 
 void SimBackend::prefetch_in(std::uint32_t c, std::uint64_t now) {
-  if (state_[c] == gpu || live_block_[c] == 0) return;
+  if (state_[c] == gpu || live_count_[c] == 0) return;
   std::uint64_t slot = acquire_slot(now);
   if (slot == kNoSlot) return;
   if (state_[c] == fresh) {  // never touched: the pages are simply created on the GPU
@@ -167,7 +167,7 @@ void SimBackend::evict(std::uint32_t c, std::uint64_t now) {
 Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) {
   if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
   std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
-  if (last >= live_block_.size()) return Result{Status::invalid_value, 0};
+  if (last >= live_count_.size()) return Result{Status::invalid_value, 0};
   for (std::uint64_t c = first; c <= last; ++c) {
     if (to == Location::gpu) prefetch_in(static_cast<std::uint32_t>(c), t_compute_);
     else evict(static_cast<std::uint32_t>(c), t_compute_);
@@ -178,7 +178,7 @@ Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to
 Result SimBackend::advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int) {
   if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
   std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
-  if (last >= live_block_.size()) return Result{Status::invalid_value, 0};
+  if (last >= live_count_.size()) return Result{Status::invalid_value, 0};
   for (std::uint64_t c = first; c <= last; ++c) {
     std::uint8_t& f = flags_[c];
     switch (advice) {

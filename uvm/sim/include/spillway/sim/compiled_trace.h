@@ -28,6 +28,8 @@ struct BlockPlacement {
   std::uint64_t bytes = 0;
   std::uint32_t first_chunk = 0;  // relative chunk index (0 = the chunk at kArenaBase)
   std::uint32_t chunks = 0;
+  bool fresh = true;              // no live block shared its chunks when it came to life (`spillway`:
+                                  // a small block may land in a slab other live blocks use)
 };
 
 // One chunk touched by a kernel or host event (duplicates within the event merged).
@@ -60,11 +62,17 @@ struct Op {
 // trace id, each on chunks of its own, every free seen (today's view); `pytorch`, what the
 // shim sees under PyTorch's caching allocator (caching_allocator.h): the segments it
 // cudaMallocs, never freed, and each kernel's footprint as the launch hook infers it from
-// pointers into them (spillway/footprint.h). The simulated GPU charges the trace's true
-// accesses in every view (the tensors' bytes, wherever the view places them).
-enum class AllocatorView { none, pytorch };
+// pointers into them (spillway/footprint.h); `spillway`, what the shim sees of a framework
+// in its per-tensor mode (spillway run): every tensor a block with its exact extent and its
+// free, placed by the shim's own sub-allocator (spillway/sub_allocator.h, the same code) in
+// ranges of Engine::kRangeBytes, so small tensors share chunks; a freed range is reused at
+// once (the simulated kernels before a free have completed, so the shim's fence after it
+// would have too) and a chunk no live block holds any more is dropped at no cost (the shim's
+// discard). The simulated GPU charges the trace's true accesses in every view (the tensors'
+// bytes, wherever the view places them).
+enum class AllocatorView { none, pytorch, spillway };
 const char* to_string(AllocatorView view);
-// "none" or "pytorch"; nullopt otherwise.
+// "none", "pytorch" or "spillway"; nullopt otherwise.
 std::optional<AllocatorView> parse_allocator_view(const std::string& text);
 
 struct CompiledTrace {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "spillway/backend.h"
@@ -63,7 +64,7 @@ class SimBackend final : public Backend {
   int current_device() override { return 0; }
   // Returns the address the compiled trace placed the next block at (expect_block()).
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override;
-  // Drops the block's chunks at no cost (its data is dead).
+  // Drops the block's chunks that no other live block holds, at no cost (its data is dead).
   Result free_managed(std::uint64_t addr) override;
   // Issued now(): toward the GPU on the H2D engine, toward the CPU on the D2H engine.
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) override;
@@ -118,7 +119,8 @@ class SimBackend final : public Backend {
   double fault_bw_;
   std::uint32_t density_pages_;  // faults per chunk before the density prefetcher takes the rest
   std::uint32_t expected_block_ = 0;
-  std::vector<std::uint32_t> live_block_;  // per chunk: alloc sequence + 1 of the live block on it, 0 none
+  std::vector<std::uint32_t> live_count_;  // per chunk: live blocks on it (`spillway` blocks share chunks)
+  std::unordered_map<std::uint64_t, std::uint32_t> live_addr_;  // live block's address -> alloc sequence
 
   std::vector<std::uint8_t> state_;
   std::vector<std::uint8_t> flags_;
