@@ -1,5 +1,6 @@
 // spillway: the command-line front end.
 //   spillway run [options] -- CMD [ARGS...]   run CMD with libspillway.so preloaded
+#include <algorithm>
 #include <unistd.h>
 
 #include <climits>
@@ -67,6 +68,26 @@ int run(const std::vector<std::pair<std::string, std::string>>& settings, const 
       if (fs::symlink_status(value, ec).type() == fs::file_type::regular) fs::remove(value, ec);
     }
   }
+  // The frameworks' per-tensor modes (issue 12; docs/configuration.md), each unless the
+  // user set it: every tensor is then a cudaMalloc/cudaFree the shim's sub-allocator serves.
+  //  - PyTorch: any value of PYTORCH_NO_CUDA_MEMORY_CACHING turns its caching allocator off
+  //    (forceUncachedAllocator(): getenv(...) != nullptr; c10/cuda/CUDACachingAllocator.cpp);
+  //  - JAX/XLA: XLA_PYTHON_CLIENT_ALLOCATOR=platform allocates and frees exactly on demand,
+  //    XLA_PYTHON_CLIENT_PREALLOCATE=false drops the 75% preallocation (JAX docs, "GPU memory
+  //    allocation").
+  // SPILLWAY_FRAMEWORK_ALLOCATOR=keep (--framework-allocator keep) leaves them alone.
+  if (config.framework_per_tensor) {
+    if (const char* v = std::getenv("SPILLWAY_FRAMEWORK_ALLOCATOR"); v != nullptr && *v != '\0' &&
+        std::none_of(settings.begin(), settings.end(), [](const auto& s) { return s.first == "SPILLWAY_FRAMEWORK_ALLOCATOR"; })) {
+      std::string err = spillway::set_option(config, "SPILLWAY_FRAMEWORK_ALLOCATOR", v, spillway::policy_names());
+      if (!err.empty()) fail(2, err);
+    }
+  }
+  if (config.framework_per_tensor) {
+    setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1", 0);
+    setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", 0);
+    setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false", 0);
+  }
   const char* previous = std::getenv("LD_PRELOAD");
   std::string preload = shim;
   if (previous != nullptr && *previous != '\0') preload += ":" + std::string(previous);
@@ -89,7 +110,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "spillway " SPILLWAY_VERSION);
 
   CLI::App* run_cmd = app.add_subcommand("run", "Run CMD with libspillway.so preloaded (LD_PRELOAD) and the given settings.");
-  std::string budget, max_managed, policy, report, log_level, exclude, trace;
+  std::string budget, max_managed, policy, report, log_level, exclude, trace, framework_allocator, suballocator;
   bool disable = false;
   run_cmd->add_option("--budget", budget, "GPU bytes to plan for (SPILLWAY_BUDGET), e.g. 4GiB or 60%");
   run_cmd->add_option("--max-managed", max_managed, "cap on total managed bytes (SPILLWAY_MAX_MANAGED), e.g. 24GiB or 80%");
@@ -98,6 +119,11 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--trace", trace, "record a trace (format v1) of what the Engine sees to FILE (SPILLWAY_TRACE); replay it with `spillway replay`");
   run_cmd->add_option("--log", log_level, "error, warn, info or debug (SPILLWAY_LOG); info prints the report at exit");
   run_cmd->add_option("--exclude", exclude, "libraries whose allocations stay device memory (SPILLWAY_EXCLUDE), e.g. libnccl,libfoo");
+  run_cmd->add_option("--framework-allocator", framework_allocator,
+                      "per-tensor (default: sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, XLA_PYTHON_CLIENT_ALLOCATOR=platform, "
+                      "XLA_PYTHON_CLIENT_PREALLOCATE=false unless set) or keep (the frameworks keep their caches) "
+                      "(SPILLWAY_FRAMEWORK_ALLOCATOR)");
+  run_cmd->add_option("--suballocator", suballocator, "on or off (SPILLWAY_SUBALLOCATOR): carve allocations from managed ranges");
   run_cmd->add_flag("--disable", disable, "load the shim but pass every call through (SPILLWAY_DISABLE=1)");
   std::vector<std::string> command;
   run_cmd->add_option("command", command, "the program and its arguments, after --")->required();
@@ -127,6 +153,8 @@ int main(int argc, char** argv) {
     add("SPILLWAY_TRACE", trace.empty() ? std::string() : fs::absolute(trace).string());
     add("SPILLWAY_LOG", log_level);
     add("SPILLWAY_EXCLUDE", exclude);
+    add("SPILLWAY_FRAMEWORK_ALLOCATOR", framework_allocator);
+    add("SPILLWAY_SUBALLOCATOR", suballocator);
     if (disable) settings.emplace_back("SPILLWAY_DISABLE", "1");
     return run(settings, command);
   }

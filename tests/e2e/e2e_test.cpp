@@ -594,6 +594,36 @@ TEST(SpillwayRun, PrependsToAnExistingLdPreload) {
   EXPECT_EQ(line[0], '/') << "an absolute path";
 }
 
+// Issue 12, item 3: the frameworks' per-tensor modes, unless the user set the variable or
+// asked to keep the frameworks' caches.
+TEST(SpillwayRun, PutsFrameworksInTheirPerTensorModesUnlessToldToKeepTheirCaches) {
+  const std::vector<std::string> show{"/bin/sh", "-c",
+                                      "echo \"pt=${PYTORCH_NO_CUDA_MEMORY_CACHING-unset} xla=${XLA_PYTHON_CLIENT_ALLOCATOR-unset} "
+                                      "pre=${XLA_PYTHON_CLIENT_PREALLOCATE-unset}\""};
+  auto with = [&](std::vector<std::string> options, const Env& env) {
+    std::vector<std::string> argv{kCli, "run"};
+    argv.insert(argv.end(), options.begin(), options.end());
+    argv.push_back("--");
+    argv.insert(argv.end(), show.begin(), show.end());
+    RunResult r = run(argv, env);
+    EXPECT_EQ(r.status, 0) << describe(r);
+    return r.out;
+  };
+  EXPECT_EQ(with({}, {}), "pt=1 xla=platform pre=false\n");
+  EXPECT_EQ(with({}, {{"XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"}, {"PYTORCH_NO_CUDA_MEMORY_CACHING", "0"}}),
+            "pt=0 xla=bfc pre=false\n")
+      << "the user's own values stay";
+  EXPECT_EQ(with({"--framework-allocator", "keep"}, {}), "pt=unset xla=unset pre=unset\n");
+  EXPECT_EQ(with({}, {{"SPILLWAY_FRAMEWORK_ALLOCATOR", "keep"}}), "pt=unset xla=unset pre=unset\n");
+  EXPECT_EQ(with({"--framework-allocator", "per-tensor"}, {{"SPILLWAY_FRAMEWORK_ALLOCATOR", "keep"}}),
+            "pt=1 xla=platform pre=false\n")
+      << "the option wins over the variable";
+  RunResult bad = run({kCli, "run", "--framework-allocator", "lazy", "--", "/bin/true"}, {});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("SPILLWAY_FRAMEWORK_ALLOCATOR"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("per-tensor or keep"), std::string::npos) << bad.err;
+}
+
 TEST(SpillwayRun, RunsAProgramWithTheShimAndSettings) {
   std::string report = temp_dir() + "/r.json";
   RunResult r = run({kCli, "run", "--max-managed", "64MiB", "--report", report, "--", kPrograms + "/mem_limits", "sizes",
