@@ -880,20 +880,20 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     // the plan — after the fence that discards them is issued, so that no plan counts their
     // room as free while the driver may still hold them.
     wait_for_issuers();
-    // A block on whole chunks of its own is fenced at once: the fence discards them as soon
-    // as the work before it is done, so the driver never writes the dead data back to make
-    // room the plan already counts as free. So is the last live block of a slab the plan holds
-    // resident (its chunk is discarded by the fence after the one that frees it). Other small
-    // blocks are fenced in batches.
-    // (Only a chunk the plan holds resident: its room is what a plan would reuse.)
+    // Under a policy that plans residency, a free whose chunks die with it is fenced at once
+    // (a block on whole chunks of its own; the last live block of a slab the plan holds
+    // resident): the fence discards them as soon as the work before it is done (a slab: the
+    // fence after the one that frees it), so the driver never writes the dead data back to
+    // make room the plan already counts as free. Other frees are fenced in batches.
     const bool small = SubAllocator::is_small(block->bytes);
     const ChunkIndex chunk = chunk_of(block->base);
-    const bool chunk_died = small && policy_manages_residency_ && planned_resident(chunk) &&
-                            !table_.first_overlapping(chunk * kChunkBytes, (chunk + 1) * kChunkBytes);
+    const bool chunk_died = policy_manages_residency_ &&
+                            (!small || (planned_resident(chunk) &&
+                                        !table_.first_overlapping(chunk * kChunkBytes, (chunk + 1) * kChunkBytes)));
     {
       std::lock_guard lock(sub_mutex_);
       park(ParkedRange{addr, block->bytes, false});
-      if (!small || chunk_died || unfenced_bytes_ >= kFenceBytes || unfenced_.size() >= kFenceRanges) {
+      if (chunk_died || unfenced_bytes_ >= kFenceBytes || unfenced_.size() >= kFenceRanges) {
         close_fence_locked();
       }
       if (fences_pending_.load(std::memory_order_relaxed)) poll_fences_locked(false);
