@@ -790,6 +790,20 @@ CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
   return begin_capture(per_thread(s), real().cuStreamBeginCapture_v2_ptsz(s, mode));
 }
 
+// Captures into an existing graph count as captures like the others (no fence, no event on
+// a capturing stream while they run).
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                     size_t n, CUstreamCaptureMode mode) {
+  auto streams = interpose::lock_launch_streams();
+  return begin_capture(s, real().cuStreamBeginCaptureToGraph(s, g, deps, data, n, mode));
+}
+
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
+                                          size_t n, CUstreamCaptureMode mode) {
+  auto streams = interpose::lock_launch_streams();
+  return begin_capture(per_thread(s), real().cuStreamBeginCaptureToGraph_ptsz(s, g, deps, data, n, mode));
+}
+
 // The id of the capture `stream` is in (0: none, or unknown).
 std::uint64_t capture_id_of(CUstream stream) {
   bool capturing = false;

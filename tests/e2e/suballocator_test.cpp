@@ -130,6 +130,34 @@ TEST(PerTensor, CachingAllocatorSegmentsKeepTheirExtentAndData) {
   EXPECT_EQ(field(r.result.out, "segment_range"), "exact");
 }
 
+// While any stream is captured, the legacy stream may not be used (it would join the capture),
+// so no fence is recorded: freed ranges stay parked, new ranges serve; once the capture has
+// ended fences resume. Captures into an existing graph count the same.
+TEST(PerTensor, NoFenceWhileAStreamIsCaptured) {
+  for (const char* kind : {"plain", "to_graph"}) {
+    ProgramRun r = per_tensor({"capture", kind});
+    ASSERT_EQ(r.result.status, 0) << kind << "\n" << describe(r.result);
+    const std::string begin = std::string(kind) == "plain" ? "cuStreamBeginCapture_v2" : "cuStreamBeginCaptureToGraph";
+    bool capturing = false, fenced_after = false;
+    int begins = 0;
+    for (const std::string& l : r.log) {
+      const std::string name = call_name(l);
+      if (name == begin) {
+        capturing = true;
+        ++begins;
+      } else if (name == "cuStreamEndCapture" && capturing) {
+        capturing = false;
+      }
+      const bool legacy = name == "cuEventRecord" && l.find("stream=0x1 ") != std::string::npos;
+      if (capturing) EXPECT_FALSE(legacy) << kind << ": a fence during the capture: " << l;
+      if (!capturing && begins > 0 && legacy) fenced_after = true;
+    }
+    EXPECT_GE(begins, 1) << kind;
+    EXPECT_TRUE(fenced_after) << kind << ": fences resume after the capture";
+    EXPECT_EQ(r.report["bytes"]["live_blocks"], 0) << r.report.dump();
+  }
+}
+
 TEST(PerTensor, SixteenThreadsAllocatingLaunchingAndFreeing) {
   ProgramRun r = per_tensor({"threads", "16", "400"});
   ASSERT_EQ(r.result.status, 0) << describe(r.result);

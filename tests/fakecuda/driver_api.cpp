@@ -1171,6 +1171,18 @@ CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mo
   return api("cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCapture", kCtx,
              [&](Call& c) { return begin_capture(c, s, mode); });
 }
+// Capture into an existing graph (CUDA 12.3): the fake's graphs are opaque, so it is a
+// capture like cuStreamBeginCapture's; the graph handle must not be NULL.
+CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode*, const CUgraphEdgeData*, size_t,
+                                             CUstreamCaptureMode mode) {
+  return api("cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph", kCtx,
+             [&](Call& c) { return g == nullptr ? CUDA_ERROR_INVALID_VALUE : begin_capture(c, s, mode); });
+}
+CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode*, const CUgraphEdgeData*, size_t,
+                                                  CUstreamCaptureMode mode) {
+  return api("cuStreamBeginCaptureToGraph_ptsz", "cuStreamBeginCaptureToGraph", kCtx,
+             [&](Call& c) { return g == nullptr ? CUDA_ERROR_INVALID_VALUE : begin_capture(c, s, mode); });
+}
 CUresult CUDAAPI cuStreamEndCapture(CUstream s, CUgraph* graph) {
   return api("cuStreamEndCapture", "cuStreamEndCapture", kCtx, [&](Call& c) { return end_capture(c, s, graph); });
 }

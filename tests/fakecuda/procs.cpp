@@ -89,6 +89,7 @@ const Proc kProcs[] = {
     PT(cuStreamIsCapturing, 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz),
     PT(cuStreamGetCaptureInfo, 12030, cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz),
     PT(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz),
+    PT(cuStreamBeginCaptureToGraph, 12030, cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz),
     PT(cuStreamEndCapture, 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz),
     P(cuThreadExchangeStreamCaptureMode, 10010, cuThreadExchangeStreamCaptureMode),
     P(cuEventCreate, 2000, cuEventCreate),

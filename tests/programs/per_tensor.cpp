@@ -21,6 +21,10 @@
 //                           at offsets, N iterations of kernels on them; nothing freed until exit
 //   per_tensor threads T N  T threads, each N rounds of allocate / launch / check / free on its
 //                           own non-blocking stream
+//   per_tensor capture K    while a non-blocking stream is captured (relaxed mode; K = plain:
+//                           cuStreamBeginCapture, to_graph: cuStreamBeginCaptureToGraph into a
+//                           graph captured before), 40 tensors of 8 MiB are made and freed;
+//                           prints "captured" after the capture ends, then 40 more
 // Prints "ok" when every check passed.
 #include <algorithm>
 #include <atomic>
@@ -187,6 +191,34 @@ int segments(const Kernels& k, int iterations) {
   return base == large && size == (20u << 20) ? 0 : 1;
 }
 
+int capture(const std::string& kind) {
+  CUstream s = nullptr;
+  CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CUgraph first = nullptr, graph = nullptr;
+  if (kind == "to_graph") {
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+    CHECK(cuStreamEndCapture(s, &first));
+    CHECK(cuStreamBeginCaptureToGraph(s, first, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_RELAXED));
+  } else {
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  }
+  auto churn = [] {
+    for (int i = 0; i < 40; ++i) {
+      CUdeviceptr p = 0;
+      CHECK(cuMemAlloc(&p, 8 << 20));
+      CHECK(cuMemFree(p));
+    }
+  };
+  churn();
+  CHECK(cuStreamEndCapture(s, &graph));
+  std::printf("captured\n");
+  churn();
+  CHECK(cuGraphDestroy(graph));
+  if (first != nullptr && first != graph) CHECK(cuGraphDestroy(first));
+  CHECK(cuStreamDestroy(s));
+  return 0;
+}
+
 int threads(const Kernels& k, int nthreads, int rounds) {
   CUcontext ctx = nullptr;
   CHECK(cuCtxGetCurrent(&ctx));
@@ -232,8 +264,12 @@ int threads(const Kernels& k, int nthreads, int rounds) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const int n = argc > 2 ? std::atoi(argv[2]) : 0;
-  if (mode != "reuse" && (n <= 0 || (mode != "discard" && mode != "training" && mode != "segments" && mode != "threads"))) {
-    std::fprintf(stderr, "usage: per_tensor reuse | discard N | training N | segments N | threads T N\n");
+  const std::string kind = argc > 2 ? argv[2] : "";
+  const bool capture_mode = mode == "capture" && (kind == "plain" || kind == "to_graph");
+  if (mode != "reuse" && !capture_mode &&
+      (n <= 0 || (mode != "discard" && mode != "training" && mode != "segments" && mode != "threads"))) {
+    std::fprintf(stderr,
+                 "usage: per_tensor reuse | discard N | training N | segments N | threads T N | capture plain|to_graph\n");
     return 2;
   }
   init_context();
@@ -244,6 +280,7 @@ int main(int argc, char** argv) {
   if (mode == "training") rc = training(k, n);
   if (mode == "segments") rc = segments(k, n);
   if (mode == "threads") rc = threads(k, n, argc > 3 ? std::atoi(argv[3]) : 100);
+  if (mode == "capture") rc = capture(kind);
   CHECK(cuModuleUnload(k.module));
   if (rc == 0) std::printf("ok\n");
   return rc;
