@@ -78,6 +78,16 @@ TEST(PytorchCachingAllocator, LargePoolSplitsOnlyWhenMoreThanOneMiBRemains) {
 
 // The view: the Engine sees the segment, no tensor frees, and pointers into the segment
 // with the launch hook's footprint rule; the simulated GPU is charged the true bytes.
+// `learned` on the trace under `none` and under `view`, at `capacity_chunks`, with the bound
+// of the true accesses (the none view's) in both.
+std::pair<CellResult, CellResult> learned_under(const testing::Builder& b, AllocatorView view, std::uint64_t capacity_chunks) {
+  CompiledTrace none = compile(b.t), seen = compile(b.t, view);
+  SimParams p = default_params();
+  p.capacity_bytes = capacity_chunks * kChunkBytes;
+  MinFetch truth = min_fetch(none, capacity_chunks);
+  return {run_cell(none, "learned", p, nullptr, &truth), run_cell(seen, "learned", p, nullptr, &truth)};
+}
+
 TEST(AllocatorView, PytorchViewShowsSegmentsPointersAndNoFrees) {
   testing::Builder b;
   b.alloc(1, 100 * KiB).alloc(2, 100 * KiB).kernel("k", 1000, {1, 2}).free(1).alloc(3, 100 * KiB).kernel("k", 1000, {3});
@@ -130,12 +140,7 @@ TEST(AllocatorView, TheEngineSeesSegmentsAndNoFreesInASimulation) {
     const std::uint64_t id = 10 * it;
     b.alloc(id + 1, 3 * MiB).alloc(id + 2, 3 * MiB).kernel("fwd", 100000, {id + 1}, {id + 2}).free(id + 1).free(id + 2);
   }
-  CompiledTrace none = compile(b.t), pt = compile(b.t, AllocatorView::pytorch);
-  SimParams p = default_params();
-  p.capacity_bytes = 4 * kChunkBytes;
-  MinFetch truth = min_fetch(none, p.capacity_bytes / kChunkBytes);
-  CellResult rn = run_cell(none, "learned", p, nullptr, &truth);
-  CellResult rp = run_cell(pt, "learned", p, nullptr, &truth);
+  auto [rn, rp] = learned_under(b, AllocatorView::pytorch, 4);
   EXPECT_EQ(rp.allocator, "pytorch");
   EXPECT_EQ(rn.allocator, "none");
   EXPECT_EQ(rn.engine.frees, 8u);
@@ -193,12 +198,7 @@ TEST(AllocatorView, SpillwayViewDropsAChunkOnlyWhenItsLastBlockDies) {
     b.alloc(id + 1, 64 * KiB).alloc(id + 2, 64 * KiB).alloc(id + 3, 4 * MiB);
     b.kernel("fwd", 100000, {id + 1, id + 3}, {id + 2}).free(id + 1).kernel("bwd", 100000, {id + 2, id + 3}).free(id + 2).free(id + 3);
   }
-  CompiledTrace none = compile(b.t), sv = compile(b.t, AllocatorView::spillway);
-  SimParams p = default_params();
-  p.capacity_bytes = 2 * kChunkBytes;
-  MinFetch truth = min_fetch(none, p.capacity_bytes / kChunkBytes);
-  CellResult rn = run_cell(none, "learned", p, nullptr, &truth);
-  CellResult rs = run_cell(sv, "learned", p, nullptr, &truth);
+  auto [rn, rs] = learned_under(b, AllocatorView::spillway, 2);
   EXPECT_EQ(rs.allocator, "spillway");
   EXPECT_EQ(rs.engine.frees, rn.engine.frees) << "every free seen";
   EXPECT_EQ(rs.engine.allocations_redirected, rn.engine.allocations_redirected);

@@ -51,6 +51,13 @@ std::unique_ptr<Engine> make_engine(FenceBackend& b, std::uint64_t max_managed =
   return std::make_unique<Engine>(c, b, std::move(policy));
 }
 
+// Two 4 KiB blocks, one after the other (0, 0 if an allocation failed).
+std::pair<std::uint64_t, std::uint64_t> two_small_blocks(Engine& e) {
+  std::uint64_t x = 0, y = 0;
+  if (!e.allocate(4096, AllocKind::alloc, 0, &x).ok() || !e.allocate(4096, AllocKind::alloc, 0, &y).ok()) return {0, 0};
+  return {x, y};
+}
+
 TEST(EngineSubAllocator, AFreedRangeComesBackOnlyAfterItsFenceCompletes) {
   FenceBackend b;
   auto e = make_engine(b);
@@ -89,9 +96,8 @@ TEST(EngineSubAllocator, OnlyWholeDeadChunksAreDiscarded) {
   FenceBackend b;
   auto e = make_engine(b);
   // Two small blocks share a slab; while one lives, no discard may name the slab.
-  std::uint64_t p = 0, q = 0;
-  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &p).ok());
-  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &q).ok());
+  auto [p, q] = two_small_blocks(*e);
+  ASSERT_NE(p, 0u);
   ASSERT_EQ(p / kChunkBytes, q / kChunkBytes);
   bool ours = false;
   ASSERT_TRUE(e->release(p, std::nullopt, &ours).ok());
@@ -137,9 +143,8 @@ TEST(EngineSubAllocator, FencesRefusedDuringACaptureKeepRangesParked) {
 TEST(EngineSubAllocator, SecondFreeAndInteriorPointersAreOursAndRefused) {
   FenceBackend b;
   auto e = make_engine(b);
-  std::uint64_t a = 0, c = 0;
-  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &a).ok());
-  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &c).ok());
+  auto [a, c] = two_small_blocks(*e);
+  ASSERT_NE(a, 0u);
   bool ours = false;
   ASSERT_TRUE(e->release(a, std::nullopt, &ours).ok());
   Result again = e->release(a, std::nullopt, &ours);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "spillway/footprint.h"
+#include "spillway/free_runs.h"
 #include "spillway/engine.h"
 #include "spillway/sim/caching_allocator.h"
 #include "spillway/sub_allocator.h"
@@ -23,60 +24,22 @@ constexpr std::uint64_t kMaxArenaChunks = 1ull << 24;
 constexpr std::uint64_t kMaxComputeNs = 1ull << 62;
 
 
-// Best-fit placement of blocks on whole chunks, in chunk units.
+// Best-fit placement of blocks on whole chunks, in chunk units (spillway/free_runs.h: the
+// rule the shim's sub-allocator places large blocks by); the arena grows only when nothing
+// fits, starting inside a free run that ends at the top.
 class ChunkAllocator {
  public:
   std::uint32_t allocate(std::uint32_t n) {
-    auto it = by_size_.lower_bound({n, 0});
-    if (it != by_size_.end()) {
-      auto [len, start] = *it;
-      by_size_.erase(it);
-      by_start_.erase(start);
-      if (len > n) insert_free(start + n, len - n);
-      return start;
-    }
-    // Nothing fits: grow the arena, starting inside a free range that ends at the top.
-    if (!by_start_.empty()) {
-      auto last = std::prev(by_start_.end());
-      if (last->first + last->second == top_) {
-        std::uint32_t start = last->first;
-        by_size_.erase({last->second, start});
-        by_start_.erase(last);
-        top_ = start + n;
-        return start;
-      }
-    }
-    std::uint32_t start = top_;
-    top_ += n;
+    if (auto start = free_.take(n)) return static_cast<std::uint32_t>(*start);
+    const std::uint32_t start = static_cast<std::uint32_t>(free_.take_ending_at(top_).value_or(top_));
+    top_ = start + n;
     return start;
   }
-  void release(std::uint32_t start, std::uint32_t n) {
-    auto next = by_start_.lower_bound(start);
-    if (next != by_start_.end() && next->first == start + n) {
-      n += next->second;
-      by_size_.erase({next->second, next->first});
-      next = by_start_.erase(next);
-    }
-    if (next != by_start_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == start) {
-        start = prev->first;
-        n += prev->second;
-        by_size_.erase({prev->second, prev->first});
-        by_start_.erase(prev);
-      }
-    }
-    insert_free(start, n);
-  }
+  void release(std::uint32_t start, std::uint32_t n) { free_.give(start, n); }
   std::uint32_t top() const { return top_; }
 
  private:
-  void insert_free(std::uint32_t start, std::uint32_t n) {
-    by_start_.emplace(start, n);
-    by_size_.insert({n, start});
-  }
-  std::map<std::uint32_t, std::uint32_t> by_start_;
-  std::set<std::pair<std::uint32_t, std::uint32_t>> by_size_;
+  FreeRuns free_;
   std::uint32_t top_ = 0;
 };
 

@@ -62,8 +62,7 @@ std::uint64_t SubAllocator::range_bytes_for(std::uint64_t bytes, std::uint64_t r
 void SubAllocator::add_range(std::uint64_t base, std::uint64_t bytes) {
   ranges_[base] = Range{bytes, 0};
   range_total_ += bytes;
-  runs_[base] = bytes;
-  runs_by_size_.emplace(bytes, base);
+  runs_.give(base, bytes, base, base + bytes);
 }
 
 std::map<std::uint64_t, SubAllocator::Range>::iterator SubAllocator::range_of(std::uint64_t addr) {
@@ -81,42 +80,16 @@ bool SubAllocator::contains(std::uint64_t addr) const {
 }
 
 std::uint64_t SubAllocator::allocate_chunks(std::uint64_t chunks) {
-  const std::uint64_t bytes = chunks * kChunkBytes;
-  auto it = runs_by_size_.lower_bound({bytes, 0});
-  if (it == runs_by_size_.end()) return 0;
-  const auto [run_bytes, base] = *it;
-  runs_by_size_.erase(it);
-  runs_.erase(base);
-  if (run_bytes > bytes) {
-    runs_[base + bytes] = run_bytes - bytes;
-    runs_by_size_.emplace(run_bytes - bytes, base + bytes);
-  }
-  range_of(base)->second.used_chunks += chunks;
-  return base;
+  const std::optional<std::uint64_t> base = runs_.take(chunks * kChunkBytes);
+  if (!base) return 0;
+  range_of(*base)->second.used_chunks += chunks;
+  return *base;
 }
 
 void SubAllocator::free_chunks(std::uint64_t addr, std::uint64_t chunks) {
   auto range = range_of(addr);
   range->second.used_chunks -= chunks;
-  const std::uint64_t range_end = range->first + range->second.bytes;
-  std::uint64_t base = addr, bytes = chunks * kChunkBytes;
-  auto next = runs_.lower_bound(addr);
-  if (next != runs_.end() && next->first == addr + bytes && next->first < range_end) {
-    bytes += next->second;
-    runs_by_size_.erase({next->second, next->first});
-    next = runs_.erase(next);
-  }
-  if (next != runs_.begin() && addr > range->first) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == addr) {
-      base = prev->first;
-      bytes += prev->second;
-      runs_by_size_.erase({prev->second, prev->first});
-      runs_.erase(prev);
-    }
-  }
-  runs_[base] = bytes;
-  runs_by_size_.emplace(bytes, base);
+  runs_.give(addr, chunks * kChunkBytes, range->first, range->first + range->second.bytes);
 }
 
 std::uint32_t SubAllocator::new_slab() {
@@ -231,8 +204,7 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> SubAllocator::take_empty_ra
       ++it;
       continue;
     }
-    runs_.erase(it->first);
-    runs_by_size_.erase({it->second.bytes, it->first});
+    runs_.remove(it->first, it->second.bytes);  // (nothing used: the range is one free run)
     range_total_ -= it->second.bytes;
     out.emplace_back(it->first, it->second.bytes);
     it = ranges_.erase(it);

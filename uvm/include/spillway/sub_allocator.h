@@ -28,11 +28,11 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <set>
 #include <utility>
 #include <vector>
 
 #include "spillway/chunk_pages.h"
+#include "spillway/free_runs.h"
 #include "spillway/types.h"
 
 namespace spillway {
@@ -102,8 +102,7 @@ class SubAllocator {
   std::uint32_t new_slab();
 
   std::map<std::uint64_t, Range> ranges_;                // base -> range
-  std::map<std::uint64_t, std::uint64_t> runs_;          // free runs of chunks: base -> bytes
-  std::set<std::pair<std::uint64_t, std::uint64_t>> runs_by_size_;  // (bytes, base)
+  FreeRuns runs_;                                        // free runs of whole chunks, in bytes
   std::vector<Slab> slabs_;
   std::vector<std::uint32_t> free_slab_ids_;
   ChunkPages<std::uint32_t, 12> slab_of_;                // per chunk: slab id + 1, 0 none
