@@ -33,9 +33,11 @@ class FenceBackend final : public test_support::InstantBackend {
   }
   void release_fence(EventHandle) override {}
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
+    if (bytes > largest_allocation) return Result{Status::out_of_memory, 2};
     ++ranges;
     return InstantBackend::allocate_managed(bytes, addr);
   }
+  std::uint64_t largest_allocation = ~0ull;  // the driver refuses larger allocations
   struct Discard {
     std::uint64_t addr, bytes, fence;
   };
@@ -182,6 +184,19 @@ TEST(EngineSubAllocator, CapCountsRangesAndWaitsForParkedOnesBeforeRefusing) {
   EXPECT_GT(b.waits, waits);
   EXPECT_EQ(b.ranges, 1u);
   EXPECT_EQ(e->stats().allocations_refused, 1u);
+}
+
+TEST(EngineSubAllocator, ADriverShortOfRoomForARangeStillGivesTheRequestItsOwn) {
+  FenceBackend b;
+  b.largest_allocation = 16ull << 20;  // no 64 MiB range
+  auto e = make_engine(b);
+  std::uint64_t p = 0;
+  ASSERT_TRUE(e->allocate(4096, AllocKind::alloc, 0, &p).ok()) << "a range of the request's size (a chunk and a spare)";
+  EXPECT_EQ(b.ranges, 1u);
+  Result big = e->allocate(32ull << 20, AllocKind::alloc, 0, &p);
+  EXPECT_EQ(big.status, Status::out_of_memory) << "the driver's own answer";
+  EXPECT_EQ(big.native, 2);
+  EXPECT_EQ(e->stats().managed_bytes, e->stats().suballocator_range_bytes) << "nothing reserved for the refused range";
 }
 
 }  // namespace

@@ -443,6 +443,12 @@ Result Engine::sub_allocate(std::uint64_t bytes, StreamHandle site, std::uint64_
     lock.unlock();
     std::uint64_t driver = 0;
     Result r = backend_.allocate_managed(want, &driver);
+    const std::uint64_t need = SubAllocator::range_bytes_for(bytes, 0) + kChunkBytes;
+    if (!r.ok() && want > need) {  // the driver may still have room for the request alone
+      unreserve(want - need);
+      want = need;
+      r = backend_.allocate_managed(want, &driver);
+    }
     if (!r.ok()) {
       unreserve(want);
       return r;
