@@ -43,9 +43,6 @@ CUresult alloc_managed_direct(CUdeviceptr* p, size_t bytes) { return g_alloc_man
 std::vector<CUdeviceptr> g_live;  // background blocks held through the shim
 
 void setup() {
-  // The fake fills discarded ranges with a pattern for the tests (a memset of every dead
-  // chunk); a real driver's discard is an asynchronous enqueue. Benchmarks measure the shim.
-  setenv("FAKECUDA_DISCARD_POISON", "0", 1);
   void* driver = open_driver();
   g_direct = Api{"direct", must<AllocFn>(driver, "cuMemAlloc_v2"), must<FreeFn>(driver, "cuMemFree_v2"),
                  must<GetProcFn>(driver, "cuGetProcAddress_v2")};

@@ -80,9 +80,9 @@ TEST(PerTensor, AFreedRangeIsNotReusedWhileItsKernelMayStillRun) {
   EXPECT_TRUE(legacy) << "a fence records on the legacy stream";
 }
 
-// Large and small tensors die around a live 4 MiB tensor and live small ones: the fake fills
-// every discarded range with 0xdd, so a discard that touched a live tensor fails the
-// program's checks.
+// Large and small tensors die around a live 4 MiB tensor and live small ones: the fake drops
+// the pages of every discarded range (they read as zeros), so a discard that touched a live
+// tensor fails the program's checks.
 TEST(PerTensor, DiscardIsNeverAppliedToALiveRange) {
   ProgramRun r = per_tensor({"discard", "20"});
   ASSERT_EQ(r.result.status, 0) << describe(r.result);

@@ -75,10 +75,6 @@ void load_config() {
     if (!std::strcmp(v, "0") || !std::strcmp(v, "1")) c.concurrent_managed_access = *v - '0';
     else bad_value("FAKECUDA_CONCURRENT_MANAGED_ACCESS", v, "1");
   }
-  if (const char* v = std::getenv("FAKECUDA_DISCARD_POISON")) {
-    if (!std::strcmp(v, "0") || !std::strcmp(v, "1")) c.discard_poison = *v == '1';
-    else bad_value("FAKECUDA_DISCARD_POISON", v, "1");
-  }
   if (const char* v = std::getenv("FAKECUDA_ASYNC")) {
     if (!std::strcmp(v, "0") || !std::strcmp(v, "1")) c.async = *v == '1';
     else bad_value("FAKECUDA_ASYNC", v, "0");

@@ -34,7 +34,6 @@ struct Config {
   uint64_t total_memory = 17179869184ull;  // FAKECUDA_TOTAL_MEMORY
   int concurrent_managed_access = 1;       // FAKECUDA_CONCURRENT_MANAGED_ACCESS
   bool async = false;                      // FAKECUDA_ASYNC
-  bool discard_poison = true;              // FAKECUDA_DISCARD_POISON
   int log_fd = -1;                         // FAKECUDA_LOG (O_APPEND)
   std::vector<FailRule> fail;              // FAKECUDA_FAIL
   uint64_t gpu_memory = 0;                 // FAKECUDA_GPU_MEMORY: 0 = no residency model

@@ -107,9 +107,18 @@ CUresult prefetch(Call& c, CUdeviceptr p, size_t n, CUmemLocation loc, unsigned 
 }
 
 // cuMemDiscardBatchAsync (CUDA 13.0): every range must be managed, flags 0, the stream not
-// the legacy NULL stream. A discarded range's contents are indeterminate: the fake fills it
-// with 0xdd (so a program that reads a live range discarded by mistake sees it), and the
-// residency model drops its chunks without a write-back.
+// the legacy NULL stream. A discarded range's contents are indeterminate: the fake drops its
+// pages (madvise(MADV_DONTNEED) on its private anonymous mapping: they read as zeros
+// afterwards and hold no memory, as the driver's discard frees them), so a program that reads
+// a live range discarded by mistake sees its data gone; a range not on page boundaries is
+// zeroed instead. The residency model drops its chunks without a write-back.
+void drop_pages(CUdeviceptr p, size_t n) {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* at = reinterpret_cast<void*>(p);
+  if (p % page == 0 && n % page == 0 && ::madvise(at, n, MADV_DONTNEED) == 0) return;
+  std::memset(at, 0, n);
+}
+
 CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream stream) {
   c.dec("count", count).dec("flags", flags);
   for (size_t i = 0; i < count && i < 8 && dptrs && sizes; ++i) {
@@ -130,7 +139,7 @@ CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count,
   }
   if (!submit(s)) return CUDA_SUCCESS;  // captured: not run
   for (size_t i = 0; i < count; ++i) {
-    if (config().discard_poison) std::memset(reinterpret_cast<void*>(dptrs[i]), 0xdd, sizes[i]);
+    drop_pages(dptrs[i], sizes[i]);
     residency_discard(dptrs[i], sizes[i]);
   }
   return CUDA_SUCCESS;
