@@ -202,9 +202,16 @@ TEST(RuntimeWarnings, ZeroByteRuntimeAllocationIsNoMissedAllocation) {
 
 TEST(HostCap, DriverOutOfMemoryFromManagedAllocationIsPassedOn) {
   // The driver refuses the managed allocation itself: the program gets the driver's code.
-  RunResult r = program("mem_limits", {"sizes", "1M", "1M"}, fake_env(true, {{"FAKECUDA_FAIL", "cuMemAllocManaged:1"}}));
+  // (The sub-allocator asks twice, a 64 MiB range and then the request's own size: both fail.)
+  RunResult r = program("mem_limits", {"sizes", "1M", "1M"},
+                        fake_env(true, {{"FAKECUDA_FAIL", "cuMemAllocManaged:1,cuMemAllocManaged:2"}}));
   EXPECT_EQ(r.status, 0) << describe(r);
   EXPECT_EQ(r.out, "alloc 1M -> 2\nalloc 1M -> 0\n");
+  // Per block, one refusal is the program's.
+  RunResult block = program("mem_limits", {"sizes", "1M", "1M"},
+                            fake_env(true, {{"FAKECUDA_FAIL", "cuMemAllocManaged:1"}, {"SPILLWAY_SUBALLOCATOR", "off"}}));
+  EXPECT_EQ(block.status, 0) << describe(block);
+  EXPECT_EQ(block.out, "alloc 1M -> 2\nalloc 1M -> 0\n");
 }
 
 TEST(Oversubscription, TwiceTheDeviceMemoryFailsWithoutShimAndWorksWithIt) {
