@@ -395,17 +395,6 @@ CUresult stream_wait_event(Call& c, CUstream stream, CUevent event, unsigned fla
   return CUDA_SUCCESS;  // the fake has one in-order device: nothing to wait for
 }
 
-CUresult is_capturing(Call& c, CUstream stream, CUstreamCaptureStatus* status) {
-  c.stream(stream);
-  FC_CHECK(c);
-  if (!status) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard lock(stream_mutex());
-  Stream* s = lookup_stream(stream);
-  if (!s) return CUDA_ERROR_INVALID_HANDLE;
-  *status = s->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
-  return CUDA_SUCCESS;
-}
-
 CUresult begin_capture(Call& c, CUstream stream, CUstreamCaptureMode mode) {
   c.sdec("mode", mode).stream(stream);
   FC_CHECK(c);
@@ -441,6 +430,10 @@ CUresult capture_info(Call& c, CUstream stream, CUstreamCaptureStatus* status, c
     c.dec("id", s->capture_id);
   }
   return CUDA_SUCCESS;
+}
+
+CUresult is_capturing(Call& c, CUstream stream, CUstreamCaptureStatus* status) {
+  return capture_info(c, stream, status, nullptr, nullptr, nullptr, nullptr, nullptr);
 }
 
 CUresult end_capture(Call& c, CUstream stream, CUgraph* graph) {
