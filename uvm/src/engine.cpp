@@ -347,28 +347,21 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   if (!usable()) return Result{Status::not_supported, 0};
   if (has_pending_.load(std::memory_order_relaxed)) reclaim(false);
   const bool sub = suballocate_.load(std::memory_order_relaxed);
+  auto refuse = [&] {  // over SPILLWAY_MAX_MANAGED
+    std::lock_guard lock(mutex_);
+    ++counters_.allocations_refused;
+    log(LogLevel::info, "refused {} ({}): {} managed now, cap SPILLWAY_MAX_MANAGED = {}", format_bytes(bytes),
+        to_string(kind), format_bytes(managed_bytes()), format_bytes(max_managed_bytes()));
+    return Result{Status::out_of_memory, 0};
+  };
   std::uint64_t base = 0;
   if (sub) {
     Result r = sub_allocate(bytes, stream, &base);
-    if (!r.ok()) {
-      if (r.status == Status::out_of_memory && r.native == 0) {
-        std::lock_guard lock(mutex_);
-        ++counters_.allocations_refused;
-        log(LogLevel::info, "refused {} ({}): {} managed now, cap SPILLWAY_MAX_MANAGED = {}", format_bytes(bytes),
-            to_string(kind), format_bytes(managed_bytes()), format_bytes(max_managed_bytes()));
-      }
-      return r;
-    }
+    if (!r.ok()) return r.status == Status::out_of_memory && r.native == 0 ? refuse() : r;
   } else {
     if (!reserve(bytes)) {
       reclaim(true);  // deferred frees may be holding the room
-      if (!reserve(bytes)) {
-        std::lock_guard lock(mutex_);
-        ++counters_.allocations_refused;
-        log(LogLevel::info, "refused {} ({}): {} managed now, cap SPILLWAY_MAX_MANAGED = {}", format_bytes(bytes),
-            to_string(kind), format_bytes(managed_bytes()), format_bytes(max_managed_bytes()));
-        return Result{Status::out_of_memory, 0};
-      }
+      if (!reserve(bytes)) return refuse();
     }
     Result r = backend_.allocate_managed(bytes, &base);
     if (!r.ok()) {
@@ -470,7 +463,6 @@ void Engine::park(const ParkedRange& range) {
   unfenced_.push_back(range);
   const std::uint64_t footprint = range.slab ? kChunkBytes : SubAllocator::footprint_bytes(range.bytes);
   unfenced_bytes_ += footprint;
-  parked_bytes_ += footprint;
 }
 
 void Engine::close_fence_locked() {
@@ -515,10 +507,8 @@ void Engine::poll_fences_locked(bool wait) {
     for (const ParkedRange& p : ranges) {
       if (p.slab) {
         sub_.release_slab(p.addr);
-        parked_bytes_ -= kChunkBytes;
         continue;
       }
-      parked_bytes_ -= SubAllocator::footprint_bytes(p.bytes);
       if (const std::uint64_t slab = sub_.free(p.addr, p.bytes); slab != 0) {
         park(ParkedRange{slab, kChunkBytes, true});
         emptied = true;
@@ -529,21 +519,10 @@ void Engine::poll_fences_locked(bool wait) {
   fences_pending_.store(!fences_.empty(), std::memory_order_relaxed);
 }
 
-bool Engine::in_sub_ranges(std::uint64_t addr) {
+bool Engine::in_suballocator_range(std::uint64_t addr) {
+  if (!suballocating()) return false;
   std::lock_guard lock(sub_mutex_);
   return sub_.contains(addr);
-}
-
-Engine::SubAllocatorStats Engine::sub_allocator_stats() const {
-  std::lock_guard lock(sub_mutex_);
-  SubAllocatorStats s;
-  s.range_bytes = sub_.range_bytes();
-  s.ranges = sub_.ranges();
-  s.allocated_bytes = sub_.allocated_bytes();
-  s.parked_bytes = parked_bytes_;
-  s.fences = fences_recorded_.load();
-  s.discarded_bytes = discarded_bytes_.load();
-  return s;
 }
 
 void Engine::note_over_budget() {
@@ -855,7 +834,7 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   if (stream) {
     if (!table_.find_base(addr)) {
       end_release(addr, claim);
-      *ours = suballocate_.load(std::memory_order_relaxed) && in_sub_ranges(addr);
+      *ours = in_suballocator_range(addr);
       return *ours ? Result{Status::invalid_value, 0} : Result{};
     }
     // Never guess the state of a stream the driver does not know: its own error, block kept.
@@ -870,7 +849,7 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   if (!block) {
     end_release(addr, claim);
     // Inside a range of ours but no block's base: never the driver's to free.
-    *ours = suballocate_.load(std::memory_order_relaxed) && in_sub_ranges(addr);
+    *ours = in_suballocator_range(addr);
     return *ours ? Result{Status::invalid_value, 0} : Result{};
   }
   // From here until the block's chunks have left the plan, a plan may still move them: such

@@ -65,19 +65,22 @@ void SubAllocator::add_range(std::uint64_t base, std::uint64_t bytes) {
   runs_.give(base, bytes, base, base + bytes);
 }
 
-std::map<std::uint64_t, SubAllocator::Range>::iterator SubAllocator::range_of(std::uint64_t addr) {
-  auto it = ranges_.upper_bound(addr);
-  if (it == ranges_.begin()) return ranges_.end();
+namespace {
+// The range of `ranges` (by base) that holds `addr`, or ranges.end(); const or not.
+template <class Ranges>
+auto range_holding(Ranges& ranges, std::uint64_t addr) {
+  auto it = ranges.upper_bound(addr);
+  if (it == ranges.begin()) return ranges.end();
   --it;
-  return addr - it->first < it->second.bytes ? it : ranges_.end();
+  return addr - it->first < it->second.bytes ? it : ranges.end();
+}
+}  // namespace
+
+std::map<std::uint64_t, SubAllocator::Range>::iterator SubAllocator::range_of(std::uint64_t addr) {
+  return range_holding(ranges_, addr);
 }
 
-bool SubAllocator::contains(std::uint64_t addr) const {
-  auto it = ranges_.upper_bound(addr);
-  if (it == ranges_.begin()) return false;
-  --it;
-  return addr - it->first < it->second.bytes;
-}
+bool SubAllocator::contains(std::uint64_t addr) const { return range_holding(ranges_, addr) != ranges_.end(); }
 
 std::uint64_t SubAllocator::allocate_chunks(std::uint64_t chunks) {
   const std::optional<std::uint64_t> base = runs_.take(chunks * kChunkBytes);

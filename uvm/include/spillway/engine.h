@@ -178,19 +178,9 @@ class Engine {
   // every fence of the sub-allocator, recording one for the ranges parked since the last).
   void reclaim(bool wait);
 
-  // The sub-allocator's figures (for tests and the exit report). Thread-safe.
-  struct SubAllocatorStats {
-    std::uint64_t range_bytes = 0;      // managed bytes reserved from the Backend as ranges
-    std::uint64_t ranges = 0;
-    std::uint64_t allocated_bytes = 0;  // footprints of live blocks
-    std::uint64_t parked_bytes = 0;     // freed, waiting for a fence (footprints)
-    std::uint64_t fences = 0;           // fences recorded
-    std::uint64_t discarded_bytes = 0;  // whole dead chunks handed to fences to discard
-  };
-  SubAllocatorStats sub_allocator_stats() const;
   bool suballocating() const { return suballocate_.load(std::memory_order_relaxed); }
   // Whether `addr` lies in one of the sub-allocator's ranges (live block or not). Thread-safe.
-  bool in_suballocator_range(std::uint64_t addr) { return suballocating() && in_sub_ranges(addr); }
+  bool in_suballocator_range(std::uint64_t addr);
 
   // Sub-allocator tuning: the size of a new range, and how many parked bytes or ranges make
   // a release record a fence at once (otherwise the next allocation that finds no room does).
@@ -296,7 +286,6 @@ class Engine {
   void park(const ParkedRange& range);        // with sub_mutex_ held
   void close_fence_locked();                  // with sub_mutex_ held
   void poll_fences_locked(bool wait);         // with sub_mutex_ held
-  bool in_sub_ranges(std::uint64_t addr);
   mutable std::mutex sub_mutex_;
   SubAllocator sub_;
   std::vector<ParkedRange> unfenced_;
@@ -307,7 +296,6 @@ class Engine {
     std::uint64_t bytes;  // what was asked of it (and reserved under the cap)
   };
   std::map<std::uint64_t, DriverRange> driver_ranges_;  // by the range's 2 MiB-aligned base
-  std::uint64_t parked_bytes_ = 0;
   std::atomic<std::uint64_t> range_bytes_{0};
   std::atomic<std::uint64_t> range_count_{0};
   std::atomic<std::uint64_t> fences_recorded_{0};
