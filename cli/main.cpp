@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "spillway " SPILLWAY_VERSION);
 
   CLI::App* run_cmd = app.add_subcommand("run", "Run CMD with libspillway.so preloaded (LD_PRELOAD) and the given settings.");
-  std::string budget, max_managed, policy, report, log_level, exclude, trace, framework_allocator, suballocator;
+  std::string budget, max_managed, policy, report, log_level, exclude, trace, framework_allocator, suballocator, fault_feedback;
   bool disable = false;
   run_cmd->add_option("--budget", budget, "GPU bytes to plan for (SPILLWAY_BUDGET), e.g. 4GiB or 60%");
   run_cmd->add_option("--max-managed", max_managed, "cap on total managed bytes (SPILLWAY_MAX_MANAGED), e.g. 24GiB or 80%");
@@ -124,6 +124,8 @@ int main(int argc, char** argv) {
                       "XLA_PYTHON_CLIENT_PREALLOCATE=false unless set) or keep (the frameworks keep their caches) "
                       "(SPILLWAY_FRAMEWORK_ALLOCATOR)");
   run_cmd->add_option("--suballocator", suballocator, "on or off (SPILLWAY_SUBALLOCATOR): carve allocations from managed ranges");
+  run_cmd->add_option("--fault-feedback", fault_feedback,
+                      "on or off (SPILLWAY_FAULT_FEEDBACK): give `learned` the driver's GPU page faults through CUPTI");
   run_cmd->add_flag("--disable", disable, "load the shim but pass every call through (SPILLWAY_DISABLE=1)");
   std::vector<std::string> command;
   run_cmd->add_option("command", command, "the program and its arguments, after --")->required();
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
     add("SPILLWAY_EXCLUDE", exclude);
     add("SPILLWAY_FRAMEWORK_ALLOCATOR", framework_allocator);
     add("SPILLWAY_SUBALLOCATOR", suballocator);
+    add("SPILLWAY_FAULT_FEEDBACK", fault_feedback);
     if (disable) settings.emplace_back("SPILLWAY_DISABLE", "1");
     return run(settings, command);
   }

@@ -136,6 +136,7 @@ struct SimCommands::Options {
   std::optional<double> h2d_gbps, d2h_gbps, fault_batch_us, fault_slowdown, density, remote_eff;
   std::optional<std::uint32_t> fault_batch_size;
   std::string fault_granularity;
+  std::string fault_feedback = "on";
   // replay
   std::string replay_trace, replay_policy, replay_capacity;
 
@@ -149,6 +150,9 @@ struct SimCommands::Options {
     cmd->add_option("--fault-slowdown", fault_slowdown, "fault-driven migration is this many times slower than a prefetch [the link's: 10; h200 1.47, measured]");
     cmd->add_option("--density-threshold", density, "density prefetcher threshold, 0-1 [0.51: uvm_perf_prefetch_threshold]");
     cmd->add_option("--remote-efficiency", remote_eff, "remote (zero-copy) access at this share of H2D bandwidth [1.0]");
+    cmd->add_option("--fault-feedback", fault_feedback,
+                    "on or off: report each kernel's faults to the policy, as CUPTI does in the shim (learned learns the "
+                    "extents of pointers into segments from them) [on]");
   }
 
   sim::SimParams params() const {
@@ -180,6 +184,9 @@ struct SimCommands::Options {
     if (fault_slowdown) p.fault_slowdown = in_range("--fault-slowdown", *fault_slowdown, 1, 1000, "");
     if (density) p.density_threshold = in_range("--density-threshold", *density, 0, 1, "");
     if (remote_eff) p.remote_efficiency = in_range("--remote-efficiency", *remote_eff, 0.001, 10, "");
+    if (fault_feedback == "on") p.fault_feedback = true;
+    else if (fault_feedback == "off") p.fault_feedback = false;
+    else throw UsageError{fmt::format("invalid --fault-feedback '{}': expected on or off", fault_feedback)};
     return p;
   }
 };

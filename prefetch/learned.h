@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "extent_learner.h"
 #include "spillway/chunk_pages.h"
 #include "spillway/policy.h"
 
@@ -104,6 +105,12 @@ class LearnedPolicy final : public Policy {
   bool choose_victim(const VictimQuery& query, ChunkIndex* victim) override;
   void on_residency(ChunkIndex chunk, bool resident) override;
   bool leave_remote(ChunkIndex chunk) override;
+  // Fault feedback (issue 12 item 4): inferred footprint ranges are replaced by the extents
+  // the driver's faults showed (extent_learner.h).
+  bool wants_faults() const override { return true; }
+  void on_faults(std::span<const FaultRecord> faults) override { extents_.observe(faults); }
+  std::span<const Access> refine_footprint(const Launch& launch) override { return extents_.refine(launch); }
+  const ExtentLearner& extents() const { return extents_; }
 
   // Introspection for tests and reports.
   std::uint64_t hits() const { return hits_; }      // launches that matched the prediction
@@ -187,6 +194,7 @@ class LearnedPolicy final : public Policy {
   std::uint64_t dur_of(std::uint64_t exec_id) const;
 
   LearnedParams p_;
+  ExtentLearner extents_;
   std::vector<Entry> log_;
   std::vector<Touch> touches_;
   std::vector<std::uint64_t> prefix_;  // prefix_[i]: predicted duration of entries [0, i), ns

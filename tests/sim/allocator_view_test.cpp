@@ -2,6 +2,7 @@
 // the simulator's `pytorch` allocator view built on them (compile(trace, AllocatorView)).
 #include <gtest/gtest.h>
 
+#include "extent_learner.h"
 #include "spillway/engine.h"
 #include "spillway/footprint.h"
 #include "spillway/sub_allocator.h"
@@ -210,4 +211,98 @@ TEST(AllocatorView, SpillwayViewDropsAChunkOnlyWhenItsLastBlockDies) {
 }
 
 }  // namespace
+// Issue 12, item 4: fault feedback. The ExtentLearner widens an inferred range to what the
+// faults attributed to its launch show, per pointer and per signature, never past the block.
+Launch launch_of(std::uint64_t seq, std::string_view name, std::span<const Access> accesses) {
+  Launch l;
+  l.seq = seq;
+  l.name = name;
+  l.exec_id = seq * 7919;
+  l.accesses = accesses;
+  return l;
+}
+
+TEST(FaultFeedback, FaultsPastTheScansGuessWidenThePointersExtent) {
+  const std::uint64_t seg = 1000 * kChunkBytes, p = seg + 25 * kChunkBytes;  // 50 MiB into a 400 MiB segment
+  const Access guessed{p, kInteriorExtent, false, true, seg + 400 * MiB};
+  ExtentLearner x;
+  std::vector<Access> a{guessed};
+  EXPECT_EQ(x.refine(launch_of(0, "gemm", a)).data(), a.data()) << "nothing learned yet: the launch's own footprint";
+  // The kernel touched 150 MiB (75 chunks): chunks 0..74 from p's; the scan guessed 32.
+  std::vector<FaultRecord> faults{{0, p + 10 * kChunkBytes}, {0, p + 74 * kChunkBytes + 4096}, {0, p + 40 * kChunkBytes}};
+  x.observe(faults);
+  EXPECT_EQ(x.extent_chunks(p), 75u);
+  EXPECT_EQ(x.faults_past_guess(), 2u) << "the fault in chunk 10 lay inside the guess";
+  auto r = x.refine(launch_of(1, "other_kernel", a));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].addr, p);
+  EXPECT_EQ(r[0].bytes, 150 * MiB) << "another kernel passing the same pointer gets its extent";
+  // A new pointer (a later step's tensor) passed as the same argument of the same kernel: the
+  // signature's extent.
+  const std::uint64_t q = seg + 100 * kChunkBytes;
+  std::vector<Access> b{Access{q, kInteriorExtent, false, true, seg + 400 * MiB}};
+  EXPECT_EQ(x.refine(launch_of(2, "gemm", b))[0].bytes, 150 * MiB);
+  EXPECT_EQ(x.refine(launch_of(3, "unrelated", b))[0].bytes, kInteriorExtent) << "no signature seen: the guess";
+}
+
+TEST(FaultFeedback, NeverWidensPastTheBlockNorForFaultsOfOtherLaunchesOrRanges) {
+  const std::uint64_t seg = 2000 * kChunkBytes, p = seg + kChunkBytes;
+  ExtentLearner x;
+  std::vector<Access> a{Access{p, kInteriorExtent, false, true, seg + 80 * MiB},  // block: 40 chunks
+                        Access{seg + 100 * kChunkBytes, 4 * MiB, false, false, 0}};  // a whole block
+  x.refine(launch_of(5, "k", a));
+  x.observe(std::vector<FaultRecord>{{6, p + 36 * kChunkBytes}});  // a launch it never saw
+  EXPECT_EQ(x.extent_chunks(p), 0u);
+  x.observe(std::vector<FaultRecord>{{5, seg + 100 * kChunkBytes}, {5, seg + 90 * kChunkBytes}});  // not in its block
+  EXPECT_EQ(x.extent_chunks(p), 0u);
+  x.observe(std::vector<FaultRecord>{{5, p + 38 * kChunkBytes}});
+  EXPECT_EQ(x.extent_chunks(p), 39u);
+  auto r = x.refine(launch_of(7, "k", a));
+  EXPECT_EQ(r[0].addr + r[0].bytes, seg + 80 * MiB) << "up to the block's end, not past it";
+  EXPECT_EQ(r[1].bytes, 4 * MiB) << "an exact range is left as it is";
+  // A fault past the guess that another pointer of the launch starts before belongs to that
+  // pointer's range.
+  const std::uint64_t q = p + 50 * MiB;
+  std::vector<Access> c{Access{p, 50 * MiB, false, true, seg + 80 * MiB}, Access{q, 28 * MiB, false, true, seg + 80 * MiB}};
+  ExtentLearner y;
+  y.refine(launch_of(1, "k2", c));
+  y.observe(std::vector<FaultRecord>{{1, q + kChunkBytes}});
+  EXPECT_EQ(y.extent_chunks(p), 0u);
+  EXPECT_EQ(y.faults_past_guess(), 0u) << "inside q's guess";
+}
+
+// The simulator end to end: a 150 MiB tensor carved from the middle of a cached 400 MiB
+// segment, read by a loop of kernels under memory pressure. The scan gives it 64 MiB; the
+// rest faults at every use until the feedback widens it.
+TEST(FaultFeedback, TheSimulatorsFaultsCorrectAFootprintTheScanGotWrong) {
+  testing::Builder b;
+  b.alloc(1, 400 * MiB).alloc(2, 300 * MiB).free(1).alloc(3, 50 * MiB).alloc(4, 150 * MiB);
+  for (int i = 0; i < 6; ++i) b.alloc(10 + i, 100 * MiB);  // other data, each its own segment
+  for (int it = 0; it < 6; ++it) {
+    b.kernel("read_big", 2000000, {4});
+    for (int i = 0; i < 6; ++i) b.kernel("other" + std::to_string(i), 2000000, {static_cast<std::uint64_t>(10 + i)});
+  }
+  CompiledTrace pt = compile(b.t, AllocatorView::pytorch);
+  SimParams p = default_params();
+  p.capacity_bytes = 400 * MiB;
+  CellResult on = run_cell(pt, "learned", p);
+  p.fault_feedback = false;
+  CellResult off = run_cell(pt, "learned", p);
+  EXPECT_EQ(off.engine.fault_records, 0u);
+  EXPECT_EQ(off.engine.fault_feedback, "off: --fault-feedback off");
+  EXPECT_EQ(on.engine.fault_feedback, "simulator");
+  EXPECT_GT(on.engine.fault_records, 0u);
+  EXPECT_GT(on.engine.refined_accesses, 0u);
+  EXPECT_LT(on.sim.faults * 2, off.sim.faults) << "after the first iteration, the tensor's tail is prefetched, not faulted";
+  EXPECT_LT(on.sim.time_ns, off.sim.time_ns);
+  // Under `none` every range is exact: the feedback changes nothing.
+  CompiledTrace none = compile(b.t);
+  p.fault_feedback = true;
+  CellResult n_on = run_cell(none, "learned", p);
+  p.fault_feedback = false;
+  CellResult n_off = run_cell(none, "learned", p);
+  EXPECT_EQ(n_on.sim.time_ns, n_off.sim.time_ns);
+  EXPECT_EQ(n_on.engine.refined_accesses, 0u);
+}
+
 }  // namespace spillway::sim

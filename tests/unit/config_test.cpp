@@ -33,6 +33,7 @@ const std::map<std::string, Sample>& samples() {
       {"SPILLWAY_DISABLE", {"1", "maybe"}},
       {"SPILLWAY_SUBALLOCATOR", {"off", "sometimes"}},
       {"SPILLWAY_FRAMEWORK_ALLOCATOR", {"keep", "pytorch"}},
+      {"SPILLWAY_FAULT_FEEDBACK", {"off", "cupti"}},
   };
   return s;
 }
@@ -48,7 +49,8 @@ std::string describe(const Config& c) {
   out += " report_memory=" + std::to_string(static_cast<int>(c.report_memory));
   out += " log=" + std::to_string(static_cast<int>(c.log_level));
   out += " report=" + c.report_path + " trace=" + c.trace_path + " disable=" + std::to_string(c.disable);
-  out += " suballocator=" + std::to_string(c.suballocator) + " framework_per_tensor=" + std::to_string(c.framework_per_tensor);
+  out += " suballocator=" + std::to_string(c.suballocator) + " framework_per_tensor=" + std::to_string(c.framework_per_tensor) +
+         " fault_feedback=" + std::to_string(c.fault_feedback);
   return out;
 }
 

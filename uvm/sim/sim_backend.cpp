@@ -115,7 +115,9 @@ std::uint64_t SimBackend::acquire_slot(std::uint64_t t) {
       skipped.emplace_back(c, seq);
       continue;
     }
+    const std::uint64_t before = stats_.d2h_bytes;
     slot = write_back(c, t);
+    driver_out_bytes_ += stats_.d2h_bytes - before;
     leave(c);
     state_[c] = cpu;
     ++stats_.driver_evictions;
@@ -251,6 +253,7 @@ void SimBackend::run(std::uint32_t index) {
       continue;
     }
     t = std::max(t, slot);
+    if (params_.fault_feedback) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes});
     if (state_[c] != fresh) {
       std::uint64_t pages = (tt.bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
       faults += std::min<std::uint64_t>(pages, density_pages_);
@@ -267,6 +270,7 @@ void SimBackend::run(std::uint32_t index) {
   }
   if (fault_copy > 0) {
     stats_.h2d_bytes += fault_copy;
+    fault_in_bytes_ += fault_copy;
     // The fault path held the H2D copy engine.
     t_h2d_ = std::max(t_h2d_ + copy_ns(params_.link.h2d_bytes_per_s, fault_copy), t);
   }
@@ -287,6 +291,18 @@ const SimStats& SimBackend::stats() {
   stats_.time_ns = t_compute_;
   stats_.resident_chunks = resident_;
   return stats_;
+}
+
+std::size_t SimBackend::take_faults(std::vector<FaultRecord>& out) {
+  const std::size_t n = faults_.size();
+  out.insert(out.end(), faults_.begin(), faults_.end());
+  faults_.clear();
+  return n;
+}
+
+void SimBackend::migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) {
+  *to_gpu = fault_in_bytes_;
+  *to_host = driver_out_bytes_;
 }
 
 }  // namespace spillway::sim

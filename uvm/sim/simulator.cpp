@@ -92,6 +92,7 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
         l.dur_ns = k.dur_ns;
         l.now_ns = backend.now();
         engine.launch(l);
+        backend.begin_launch(l.seq);
         backend.run(op.index);
         break;
       }

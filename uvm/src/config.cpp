@@ -135,6 +135,14 @@ bool parse_suballocator(Config& c, std::string_view value, const Names&) {
   return true;
 }
 
+bool parse_fault_feedback(Config& c, std::string_view value, const Names&) {
+  std::string v = lower(trimmed(value));
+  if (v == "on" || v == "1") c.fault_feedback = true;
+  else if (v == "off" || v == "0") c.fault_feedback = false;
+  else return false;
+  return true;
+}
+
 bool parse_framework_allocator(Config& c, std::string_view value, const Names&) {
   std::string v = lower(trimmed(value));
   if (v == "per-tensor") c.framework_per_tensor = true;

@@ -290,6 +290,7 @@ Engine::Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy)
   counters_.policy = std::string(policy_->name());
   policy_sees_allocations_ = policy_->sees_allocations();
   policy_manages_residency_ = policy_->manages_residency();
+  wants_faults_ = policy_->wants_faults() && config_.fault_feedback;
 }
 
 Engine::~Engine() = default;
@@ -757,12 +758,26 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
     std::lock_guard lock(mutex_);
     ++counters_.launches;
     if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_launch(launch);
-    policy_->on_launch(launch, actions);
+    Launch refined = launch;
+    if (wants_faults_ && backend_.fault_feedback()) {
+      faults_scratch_.clear();
+      if (backend_.take_faults(faults_scratch_) > 0) {
+        counters_.fault_records += faults_scratch_.size();
+        policy_->on_faults(faults_scratch_);
+      }
+      refined.accesses = policy_->refine_footprint(launch);
+      if (refined.accesses.data() != launch.accesses.data()) {
+        for (std::size_t i = 0; i < refined.accesses.size() && i < launch.accesses.size(); ++i) {
+          counters_.refined_accesses += refined.accesses[i].bytes != launch.accesses[i].bytes;
+        }
+      }
+    }
+    policy_->on_launch(refined, actions);
     planned = policy_->manages_residency();
     if (planned) {
       std::vector<ChunkIndex> held;  // the launch's resident chunks, held while it is in flight
       frees = frees_at_plan();
-      plan_launch(launch, actions, moves, in_flight ? &held : nullptr);
+      plan_launch(refined, actions, moves, in_flight ? &held : nullptr);
       turn = plans_made_++;
       if (in_flight) {
         epoch = residency_->epoch;
@@ -1061,6 +1076,10 @@ Stats Engine::stats_locked() const {
   s.suballocator_ranges = range_count_.load(std::memory_order_relaxed);
   s.fences = fences_recorded_.load(std::memory_order_relaxed);
   s.discarded_bytes = discarded_bytes_.load(std::memory_order_relaxed);
+  if (!config_.fault_feedback) s.fault_feedback = "off: SPILLWAY_FAULT_FEEDBACK=off";
+  else if (!policy_->wants_faults()) s.fault_feedback = "off: policy " + std::string(policy_->name()) + " does not use it";
+  else s.fault_feedback = backend_.fault_feedback_state();
+  if (wants_faults_) backend_.migrated_bytes(&s.migrated_to_gpu_bytes, &s.migrated_to_host_bytes);
   return s;
 }
 

@@ -27,6 +27,11 @@ std::string stats_table(const Stats& s) {
   row("prefetched to GPU", format_bytes(s.prefetch_to_gpu_bytes));
   row("evicted to host", format_bytes(s.evict_to_cpu_bytes));
   row("advise calls", fmt::format("{}", s.advise_calls));
+  row("fault feedback", s.fault_feedback == "off" || s.fault_feedback.starts_with("off:")
+                            ? s.fault_feedback
+                            : fmt::format("{}: {} faults, {} ranges refined, {} in / {} out migrated", s.fault_feedback,
+                                          s.fault_records, s.refined_accesses, format_bytes(s.migrated_to_gpu_bytes),
+                                          format_bytes(s.migrated_to_host_bytes)));
   if (s.backend_errors) row("driver calls refused", fmt::format("{}", s.backend_errors));
   return out;
 }
@@ -56,6 +61,12 @@ nlohmann::json stats_json(const Stats& s) {
         {"ranges", s.suballocator_ranges},
         {"fences", s.fences},
         {"discarded", s.discarded_bytes}}},
+      {"fault_feedback",
+       {{"state", s.fault_feedback},
+        {"faults", s.fault_records},
+        {"refined_accesses", s.refined_accesses},
+        {"migrated_to_gpu", s.migrated_to_gpu_bytes},
+        {"migrated_to_host", s.migrated_to_host_bytes}}},
       {"advise_calls", s.advise_calls},
       {"driver_calls_refused", s.backend_errors},
   };

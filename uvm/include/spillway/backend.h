@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "spillway/types.h"
 
@@ -78,6 +80,25 @@ class Backend {
   virtual Result fence_done(EventHandle fence) { return event_done(fence); }
   virtual Result wait_fence(EventHandle fence) { return wait_event(fence); }
   virtual void release_fence(EventHandle fence) { destroy_event(fence); }
+
+  // Fault feedback (issue 12 item 4): the GPU page faults the device took, attributed to
+  // launches (CudaBackend: CUPTI's unified-memory activity, interpose/cupti_feedback.h;
+  // SimBackend: the chunks each simulated kernel faulted on). fault_feedback: whether records
+  // can come now (it may turn false later, e.g. when another CUPTI client takes CUPTI over).
+  // take_faults: appends the records that arrived since the last call to `out` and returns
+  // how many; never blocks on the device. fault_feedback_state: one word or phrase for the
+  // exit report ("cupti", "simulator", "off: <why>"). Thread-safe.
+  virtual bool fault_feedback() { return false; }
+  virtual std::size_t take_faults(std::vector<FaultRecord>& out) { (void)out; return 0; }
+  virtual std::string fault_feedback_state() { return "off: not supported by this backend"; }
+  // Bytes the driver migrated toward the GPU and toward the host since the feedback began, as
+  // it reports them (CUPTI: BYTES_TRANSFER_HTOD / _DTOH counters; 0 without feedback).
+  virtual void migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) { *to_gpu = 0, *to_host = 0; }
+  // The shim's launch hook brackets the kernel's issue with these so that the Backend can
+  // attribute the faults the kernel takes to Launch::seq `seq` (CUPTI: an external
+  // correlation id pushed on the calling thread). Thread-safe; no-ops by default.
+  virtual void begin_launch(std::uint64_t seq) { (void)seq; }
+  virtual void end_launch() {}
 };
 
 }  // namespace spillway

@@ -29,6 +29,7 @@ struct Config {
   SizeSetting max_managed{0, 80.0, false};  // of host RAM
   bool suballocator = true;                // SPILLWAY_SUBALLOCATOR
   bool framework_per_tensor = true;        // SPILLWAY_FRAMEWORK_ALLOCATOR: per-tensor (true) or keep
+  bool fault_feedback = true;              // SPILLWAY_FAULT_FEEDBACK
   std::vector<std::string> exclude{"libnccl"};
   ReportMemory report_memory = ReportMemory::physical;
   LogLevel log_level = LogLevel::warn;

@@ -53,6 +53,11 @@ struct Stats {
   std::uint64_t suballocator_ranges = 0;      // how many ranges (the Backend's allocations) that is
   std::uint64_t fences = 0;                   // fences recorded before parked ranges were reused
   std::uint64_t discarded_bytes = 0;          // dead whole chunks discarded by those fences
+  std::uint64_t fault_records = 0;            // GPU page faults the Backend reported and the policy was given
+  std::uint64_t refined_accesses = 0;         // footprint ranges the policy corrected from them
+  std::uint64_t migrated_to_gpu_bytes = 0;    // bytes the driver migrated toward the GPU, as the feedback reports them
+  std::uint64_t migrated_to_host_bytes = 0;   // ... and toward the host (0 without feedback)
+  std::string fault_feedback = "off";         // Backend::fault_feedback_state(), or "off: ..." (config, policy)
   std::string policy;
 };
 
@@ -135,7 +140,11 @@ class Engine {
   // exceed budget_bytes(), and hands the moves to the Backend as prefetches (toward the CPU
   // first, then toward the GPU) coalesced into runs of adjacent chunks. A prefetch that
   // finds no unpinned victim is dropped (the kernel faults, as under demand paging). The
-  // caller launches the kernel itself afterwards. Thread-safe (serialised with the Policy);
+  // caller launches the kernel itself afterwards. With fault feedback (wants_fault_feedback()
+  // and Backend::fault_feedback()), the Policy is first given the faults reported since the
+  // last launch (Policy::on_faults), then the launch's footprint is the one it refines
+  // (Policy::refine_footprint): on_launch and the plan use that; the observer sees the
+  // launch as given. Thread-safe (serialised with the Policy);
   // the plans of concurrent launches are carried out in the order they were made (a plan
   // waits at most 100 ms for earlier ones). The launch's pins end with the next plan.
   void launch(const Launch& launch);
@@ -179,6 +188,9 @@ class Engine {
   void reclaim(bool wait);
 
   bool suballocating() const { return suballocate_.load(std::memory_order_relaxed); }
+  // Whether launches should be bracketed for fault feedback (Backend::begin_launch): the
+  // policy learns from faults and SPILLWAY_FAULT_FEEDBACK is on. Lock-free.
+  bool wants_fault_feedback() const { return wants_faults_; }
   // Whether `addr` lies in one of the sub-allocator's ranges (live block or not). Thread-safe.
   bool in_suballocator_range(std::uint64_t addr);
 
@@ -318,6 +330,7 @@ class Engine {
   std::atomic<std::uint64_t> peak_over_budget_{0};
   bool policy_sees_allocations_ = true;  // policy_->sees_allocations(), read once
   bool policy_manages_residency_ = false;
+  bool wants_faults_ = false;  // policy_->wants_faults() && config_.fault_feedback, fixed at construction
 
   Config config_;
   Backend& backend_;
@@ -358,6 +371,7 @@ class Engine {
   std::unique_ptr<Residency> residency_;  // guarded by mutex_
   // plan_launch: the launch's chunks not resident, with their access's index; guarded by mutex_
   std::vector<std::pair<ChunkIndex, std::size_t>> missing_scratch_;
+  std::vector<FaultRecord> faults_scratch_;  // run_launch: the Backend's fault records; guarded by mutex_
 };
 
 }  // namespace spillway

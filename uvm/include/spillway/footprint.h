@@ -29,7 +29,7 @@ inline constexpr std::uint64_t kInteriorExtent = 64ull << 20;
 
 // The rule: for each pointer p found in block B, the range from p to the next pointer found
 // in B by the same launch, else to B's end; a pointer into B's middle is further bounded to
-// kInteriorExtent bytes. Sorts `hits` by pointer (distinct pointers: the caller drops
+// kInteriorExtent bytes. An Access is `inferred` (with its block's end) unless it is its whole block. Sorts `hits` by pointer (distinct pointers: the caller drops
 // repeats) and writes one Access per hit, in pointer order, into `out`, which must hold
 // hits.size(); returns how many were written. No allocation; thread-safe on distinct spans.
 inline std::size_t footprint_of(std::span<ArgumentHit> hits, std::span<Access> out) {
@@ -40,7 +40,8 @@ inline std::size_t footprint_of(std::span<ArgumentHit> hits, std::span<Access> o
     std::uint64_t end = h.end;
     if (i + 1 < hits.size() && hits[i + 1].base == h.base) end = hits[i + 1].ptr;
     if (h.ptr != h.base) end = std::min(end, h.ptr + std::min(kInteriorExtent, h.end - h.ptr));
-    out[n++] = Access{h.ptr, end - h.ptr, false};
+    const bool inferred = h.ptr != h.base || end != h.end;
+    out[n++] = Access{h.ptr, end - h.ptr, false, inferred, inferred ? h.end : 0};
   }
   return n;
 }

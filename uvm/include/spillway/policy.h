@@ -26,6 +26,15 @@ struct Access {
   std::uint64_t addr = 0;
   std::uint64_t bytes = 0;
   bool write = false;
+  // The extent is a guess of the argument scan (spillway/footprint.h): the pointer is not a
+  // whole block's base and end, so the range ends at the next pointer into the same block or
+  // at the block's end (e.g. a tensor in a caching allocator's segment). Fault feedback may
+  // correct it (Policy::refine_footprint).
+  bool inferred = false;
+  // For an inferred access: the end of the block its pointer lies in, the furthest the
+  // kernel's data can extend (the scan bounds a pointer into a block's middle to
+  // kInteriorExtent, which a large tensor carved from a cached segment passes). 0 otherwise.
+  std::uint64_t block_end = 0;
 };
 
 // One kernel launch as a Policy sees it (DESIGN §4). Addresses and chunks only: never a
@@ -99,6 +108,21 @@ class Policy {
   // (the Policy has advised remote access for it in on_launch: preferred location CPU,
   // accessed by the GPU, so the kernel reads it over the link). Default: fetch everything.
   virtual bool leave_remote(ChunkIndex chunk) { (void)chunk; return false; }
+
+  // --- fault feedback (issue 12 item 4) ---
+
+  // True when this policy uses the driver's fault records: the Engine then hands it the
+  // faults the Backend reports (Backend::fault_feedback) and lets it refine footprints.
+  virtual bool wants_faults() const { return false; }
+  // Faults the device took since the last call, each attributed to the launch (Launch::seq)
+  // it was taken by; launches long past may still be reported (CUPTI delivers its records
+  // in buffers). Called before refine_footprint() and on_launch() of a later launch.
+  virtual void on_faults(std::span<const FaultRecord> faults) { (void)faults; }
+  // Called, while feedback is on, before on_launch() of each launch: the footprint the
+  // Engine and on_launch() then use instead of launch.accesses (e.g. inferred extents
+  // corrected by the faults earlier launches took). The span must stay valid until the
+  // next call. Default: unchanged.
+  virtual std::span<const Access> refine_footprint(const Launch& launch) { return launch.accesses; }
 };
 
 // The policies the shim accepts, by name (prefetch/policies.cpp). The simulator-only

@@ -38,6 +38,18 @@ struct Result {
   bool ok() const { return status == Status::ok; }
 };
 
+// One GPU page fault the device took, as the driver reports it (issue 12 item 4; CUPTI's
+// CUpti_ActivityUnifiedMemoryCounter3 with counterKind GPU_PAGE_FAULT, cupti_activity.h; the
+// simulator: a chunk a kernel touched that was neither resident nor arriving). `addr` is an
+// address in the faulting page; `launch_seq` is the Launch::seq of the kernel it is
+// attributed to (CUPTI: the kernel running on that device when the driver began servicing
+// the fault, found by timestamps and the external correlation id the shim pushed for that
+// launch; with kernels running concurrently, a fault may be reported once for each).
+struct FaultRecord {
+  std::uint64_t launch_seq = 0;
+  std::uint64_t addr = 0;
+};
+
 // One live managed block in the Engine's allocation table.
 struct Block {
   std::uint64_t base = 0;

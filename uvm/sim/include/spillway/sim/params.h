@@ -51,6 +51,10 @@ struct SimParams {
   // Remote (zero-copy) access runs at this share of the link's H2D bandwidth (DESIGN §5:
   // "the kernel slows by the bytes it touches over link bandwidth").
   double remote_efficiency = 1.0;
+  // Fault feedback (issue 12 item 4): the SimBackend reports the chunks each kernel faulted
+  // on (Backend::take_faults), as CUPTI's GPU page-fault records do in the shim, so a policy
+  // that learns from faults (learned) sees them. `spillway sweep/replay --fault-feedback`.
+  bool fault_feedback = true;
 };
 
 // Defaults: pcie5, the figures above, capacity 0 (to be set).

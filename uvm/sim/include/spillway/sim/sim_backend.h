@@ -77,6 +77,14 @@ class SimBackend final : public Backend {
   Result event_done(EventHandle) override { return {}; }
   void destroy_event(EventHandle) override {}
   Result wait_event(EventHandle) override { return {}; }
+  // Fault feedback (SimParams::fault_feedback): one record per chunk a kernel faulted on or
+  // first touched (the driver reports a GPU page fault for both), at the chunk's base, for the
+  // launch named by the last begin_launch(); the bytes fault-migrated each way.
+  bool fault_feedback() override { return params_.fault_feedback; }
+  std::size_t take_faults(std::vector<FaultRecord>& out) override;
+  std::string fault_feedback_state() override { return params_.fault_feedback ? "simulator" : "off: --fault-feedback off"; }
+  void migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) override;
+  void begin_launch(std::uint64_t seq) override { launch_seq_ = seq; }
 
   // --- driven by the simulator ---
   // The next allocate_managed() is block `alloc_seq` of the compiled trace.
@@ -139,6 +147,9 @@ class SimBackend final : public Backend {
   SimStats stats_;
   std::vector<Span> spans_;
   std::vector<std::uint32_t> missing_;
+  std::uint64_t launch_seq_ = 0;
+  std::vector<FaultRecord> faults_;  // not yet taken
+  std::uint64_t fault_in_bytes_ = 0, driver_out_bytes_ = 0;
 };
 
 }  // namespace spillway::sim
