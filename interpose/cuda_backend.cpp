@@ -1,4 +1,5 @@
 #include "cuda_backend.h"
+#include "cupti_feedback.h"
 
 #include <unistd.h>
 
@@ -488,6 +489,26 @@ Result CudaBackend::wait_event(EventHandle event) {
 void CudaBackend::destroy_event(EventHandle event) {
   ShimCallScope scope;
   if (real().cuEventDestroy_v2 != nullptr) real().cuEventDestroy_v2(reinterpret_cast<CUevent>(event));
+}
+
+bool CudaBackend::fault_feedback() { return CuptiFeedback::active(); }
+std::size_t CudaBackend::take_faults(std::vector<FaultRecord>& out) { return CuptiFeedback::take(out); }
+std::string CudaBackend::fault_feedback_state() { return CuptiFeedback::state(); }
+void CudaBackend::migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) { CuptiFeedback::migrated_bytes(to_gpu, to_host); }
+// CUPTI may call the driver itself: as the shim's own calls, those pass the hooks by.
+void CudaBackend::begin_launch(std::uint64_t seq) {
+  ShimCallScope scope;
+  CuptiFeedback::begin_launch(seq);
+}
+void CudaBackend::end_launch() {
+  ShimCallScope scope;
+  CuptiFeedback::end_launch();
+}
+bool CudaBackend::start_fault_feedback() {
+  if (CuptiFeedback::tried()) return CuptiFeedback::active();  // (the launch path: one load)
+  const int device = current_device();
+  ShimCallScope scope;
+  return CuptiFeedback::start(device);
 }
 
 }  // namespace spillway::interpose

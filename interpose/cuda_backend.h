@@ -33,6 +33,16 @@ class CudaBackend final : public Backend {
   Result fence_done(EventHandle fence) override;
   Result wait_fence(EventHandle fence) override;
   void release_fence(EventHandle fence) override;
+  // Fault feedback through CUPTI (cupti_feedback.h): started by the launch hook
+  // (start_fault_feedback(), outside the Engine's lock), drained by the Engine.
+  bool fault_feedback() override;
+  std::size_t take_faults(std::vector<FaultRecord>& out) override;
+  std::string fault_feedback_state() override;
+  void migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) override;
+  void begin_launch(std::uint64_t seq) override;
+  void end_launch() override;
+  // Starts CUPTI once for the calling thread's device; true when feedback is on.
+  bool start_fault_feedback();
 
   // Whether the calling thread has a current context (cuCtxGetDevice succeeds).
   bool has_current_context();

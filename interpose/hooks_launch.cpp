@@ -600,14 +600,19 @@ class Observation {
     l.accesses = graph != nullptr ? std::span<const Access>(*graph) : std::span<const Access>(fp.accesses.data(), fp.naccesses);
     l.dur_ns = duration_of(fp.exec_id, &sample);
     l.now_ns = now_ns();
+    // Fault feedback (cupti_feedback.h): started before the first launch the Engine plans,
+    // outside its lock; the kernel's CUPTI record is tied to l.seq while it is issued.
+    if (e->wants_fault_feedback() && interpose::backend_instance().start_fault_feedback()) bracketed_ = true;
     {
       interpose::LaunchOrderScope order(stream);
       in_flight_.emplace(e->launch_in_flight(l));
     }
+    if (bracketed_) interpose::backend_instance().begin_launch(l.seq);
     if (sample) start_sample(fp.exec_id, stream);
   }
 
   ~Observation() {
+    if (bracketed_) interpose::backend_instance().end_launch();
     in_flight_.reset();  // the kernel is issued (or failed): its chunks may be evicted again
     if (start_ == nullptr) return;
     interpose::ShimCallScope scope;
@@ -656,6 +661,7 @@ class Observation {
   CUstream stream_ = nullptr;
   std::uint64_t exec_id_ = 0;
   bool launched_ok_ = false;
+  bool bracketed_ = false;  // begin_launch() was called: end_launch() is owed
 };
 
 

@@ -406,6 +406,19 @@ struct RuntimeHookScope {
 // RTLD_NEXT lookups straight to glibc and names that may be hooks ("cu...") here.
 // dlsym: programs that dlopen libcuda.so.1 themselves (the CUDA runtime, Triton, Numba,
 // XLA) get the hooks for the symbols Spillway hooks, and everything else untouched.
+extern "C" int cuptiActivityRegisterCallbacks();  // (cupti_feedback.cpp; only their addresses are used here)
+extern "C" int cuptiSubscribe();
+namespace {
+bool is_own_cupti_export(void* fn) {
+#if SPILLWAY_HAVE_CUPTI
+  return fn == reinterpret_cast<void*>(&cuptiActivityRegisterCallbacks) || fn == reinterpret_cast<void*>(&cuptiSubscribe);
+#else
+  (void)fn;
+  return false;
+#endif
+}
+}  // namespace
+
 extern "C" void* spillway_dlsym_impl(void* handle, const char* name) {
   using namespace spillway::interpose;
   DlsymFn real = real_dlsym();
@@ -419,6 +432,9 @@ extern "C" void* spillway_dlsym_impl(void* handle, const char* name) {
   if (const Entry* own = find_entry(name); own != nullptr && own->hook != nullptr && result == own->hook) {
     if (real(RTLD_NEXT, name) == nullptr) return nullptr;  // (RTLD_NEXT from here: after the shim)
   }
+  // The same for the shim's CUPTI exports (cupti_feedback.cpp): without libcupti there is
+  // no cuptiSubscribe to find.
+  if (is_own_cupti_export(result) && real(RTLD_NEXT, name) == nullptr) return nullptr;
   ++t_dlsym_depth;
   void* out = result;
   try {

@@ -51,6 +51,9 @@ RunResult run(const std::vector<std::string>& argv, const Env& env, int timeout_
   std::vector<std::string> env_strings;
   Env full = env;
   full.emplace("PATH", "/usr/bin:/bin");
+  // The toolkit's libcupti must never meet the fake driver: fault feedback stays off unless a
+  // test turns it on, with the fake libcupti (tests/fakecuda/cupti.cpp) on its library path.
+  full.emplace("SPILLWAY_FAULT_FEEDBACK", "off");
   // Sanitizer settings of a sanitizer build (scripts/test --sanitize) reach the children too.
   for (const char* var : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"}) {
     if (const char* v = std::getenv(var)) full.emplace(var, v);

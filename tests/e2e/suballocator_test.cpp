@@ -169,4 +169,66 @@ TEST(PerTensor, SixteenThreadsAllocatingLaunchingAndFreeing) {
 }
 
 }  // namespace
+// ---- fault feedback (issue 12, item 4): CUPTI end to end against the fake libcupti ----
+
+// `per_tensor arena` under `learned` with the fake libcupti on the library path, the fake
+// GPU holding 128 chunks and feedback `on` or `off`.
+ProgramRun arena_run(const std::string& feedback, Env extra = {}, std::vector<std::string> args = {"arena", "6"}) {
+  Env env{{"LD_LIBRARY_PATH", kFakeDir + ":" + kFakeDir + "/cupti"},
+          {"FAKECUDA_GPU_MEMORY", std::to_string(256ull << 20)},
+          {"SPILLWAY_POLICY", "learned"},
+          {"SPILLWAY_BUDGET", "256MiB"},
+          {"SPILLWAY_FAULT_FEEDBACK", feedback}};
+  for (const auto& [k, v] : extra) env[k] = v;
+  return per_tensor(args, env);
+}
+
+// A 150 MiB tensor 40 MiB into a 200 MiB arena: the argument scan gives the pointer 64 MiB
+// (kInteriorExtent), so without feedback the rest faults at every iteration; the faults the
+// fake CUPTI reports widen it, and from the second iteration on it is prefetched.
+TEST(FaultFeedback, CorrectsAFootprintTheArgumentScanGotWrong) {
+  ProgramRun on = arena_run("on"), off = arena_run("off");
+  ASSERT_EQ(on.result.status, 0) << describe(on.result);
+  ASSERT_EQ(off.result.status, 0) << describe(off.result);
+  EXPECT_NE(on.result.out.find("ok"), std::string::npos);
+  const nlohmann::json& f = on.report["fault_feedback"];
+  EXPECT_EQ(f["state"], "cupti") << on.report.dump();
+  EXPECT_GT(f["faults"].get<std::uint64_t>(), 0u);
+  EXPECT_GE(f["refined_accesses"].get<std::uint64_t>(), 4u) << "iterations 2..6 plan the tensor's whole extent";
+  EXPECT_GT(f["migrated_to_gpu"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(off.report["fault_feedback"]["state"], "off: SPILLWAY_FAULT_FEEDBACK=off");
+  EXPECT_EQ(off.report["fault_feedback"]["faults"], 0);
+  // The tensor's 43 chunks past the guess fault in each of the 6 iterations without feedback;
+  // with it, only in the first.
+  const auto faults_on = on.stats["faults"].get<std::uint64_t>(), faults_off = off.stats["faults"].get<std::uint64_t>();
+  EXPECT_GE(faults_off, 5u * 43u) << off.stats.dump();
+  EXPECT_LT(faults_on * 4, faults_off) << "on: " << on.stats.dump() << "\noff: " << off.stats.dump();
+}
+
+// A profiler that subscribes to CUPTI mid-run (through the shim's cuptiSubscribe, as a client
+// linked to libcupti reaches it) gets CUPTI as if the shim were not there; the feedback stops
+// and the report says why.
+TEST(FaultFeedback, StopsWhenAnotherCuptiClientAppears) {
+  ProgramRun r = arena_run("on", {}, {"arena", "4", "profile"});
+  ASSERT_EQ(r.result.status, 0) << describe(r.result);
+  EXPECT_NE(r.result.out.find("subscribed=0"), std::string::npos) << r.result.out;
+  EXPECT_EQ(r.report["fault_feedback"]["state"], "off: another CUPTI client appeared (cuptiSubscribe)") << r.report.dump();
+  EXPECT_GT(r.report["fault_feedback"]["faults"].get<std::uint64_t>(), 0u) << "records came before it";
+}
+
+// Off, with the reason in the report, where CUPTI is claimed by an injected profiler or
+// refuses unified-memory profiling; the program runs as without feedback.
+TEST(FaultFeedback, OffWhenInjectedOrRefused) {
+  ProgramRun injected = arena_run("on", {{"CUDA_INJECTION64_PATH", "/opt/profiler/libinject.so"}}, {"arena", "2"});
+  ASSERT_EQ(injected.result.status, 0) << describe(injected.result);
+  EXPECT_EQ(injected.report["fault_feedback"]["state"], "off: another CUPTI client is injected (CUDA_INJECTION64_PATH)");
+  ProgramRun refused = arena_run("on", {{"FAKECUPTI_FAIL", "cuptiActivityConfigureUnifiedMemoryCounter"}}, {"arena", "2"});
+  ASSERT_EQ(refused.result.status, 0) << describe(refused.result);
+  EXPECT_EQ(refused.report["fault_feedback"]["state"].get<std::string>().rfind("off: cuptiActivityConfigureUnifiedMemoryCounter failed", 0), 0u)
+      << refused.report.dump();
+  EXPECT_EQ(refused.report["fault_feedback"]["faults"], 0);
+  ProgramRun demand = arena_run("on", {{"SPILLWAY_POLICY", "demand"}}, {"arena", "2"});
+  EXPECT_EQ(demand.report["fault_feedback"]["state"], "off: policy demand does not use it");
+}
+
 }  // namespace spillway::test

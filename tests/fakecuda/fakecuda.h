@@ -46,6 +46,22 @@ FAKECUDA_EXPORT int fakecuda_residency_stats(fakecuda_residency_stats_t* out);
 enum { FAKECUDA_CHUNK_FRESH = 0, FAKECUDA_CHUNK_CPU = 1, FAKECUDA_CHUNK_GPU = 2 };
 FAKECUDA_EXPORT int fakecuda_chunk_location(CUdeviceptr p);
 
+/* What the residency model does, for the fake libcupti (cupti.cpp; libcupti.so.13 in
+ * fakecuda/cupti/): called synchronously, on the thread whose driver call caused it, with
+ * the model's lock held (a sink must not call the driver). kernel_begin/kernel_end bracket a
+ * launch that executes; fault: the launch touched the chunk at `addr` (its 2 MiB base) that
+ * was not on the GPU (`migrated` bytes came in: 2 MiB, or 0 for a fresh chunk populated on
+ * first touch: the real driver reports a GPU page fault for both); migration: a prefetch or
+ * an eviction moved `bytes` toward the GPU (to_gpu 1) or the host. */
+typedef struct fakecuda_activity_sink_t {
+  void (*kernel_begin)(void);
+  void (*fault)(uint64_t addr, uint64_t migrated);
+  void (*kernel_end)(void);
+  void (*migration)(int to_gpu, uint64_t bytes);
+} fakecuda_activity_sink_t;
+/* Installs `sink` (NULL: none); it must outlive its use. */
+FAKECUDA_EXPORT void fakecuda_set_activity_sink(const fakecuda_activity_sink_t* sink);
+
 /* Runtime: makes `stub` (any host address, standing for a kernel's host stub) launch `f`
  * through cudaLaunchKernel / cudaLaunchKernelExC (+ _ptsz). With `resolvable` 0,
  * cudaGetFuncBySymbol answers cudaErrorInvalidDeviceFunction for it (launches still work);

@@ -79,6 +79,9 @@ Model& model() {
 std::atomic<uint64_t> g_capacity{0};  // chunks; 0: the model is off
 
 uint64_t capacity_chunks() { return g_capacity.load(std::memory_order_relaxed); }
+
+std::atomic<const fakecuda_activity_sink_t*> g_sink{nullptr};
+const fakecuda_activity_sink_t* sink() { return g_sink.load(std::memory_order_acquire); }
 bool enabled() { return capacity_chunks() != 0; }
 
 uint64_t first_chunk(uintptr_t p) { return p >> kChunkShift; }
@@ -104,6 +107,7 @@ void arrive(uint64_t index, Chunk& c, const std::vector<uint64_t>& in_use) {
     }
     leave_gpu(m.chunks[victim->second]);
     ++m.stats.driver_evictions;
+    if (const auto* k = sink(); k != nullptr && k->migration != nullptr) k->migration(0, uint64_t{1} << kChunkShift);
   }
   c.gpu = true;
   c.stamp = ++m.clock;
@@ -239,11 +243,13 @@ void residency_prefetch(uintptr_t p, size_t n, bool to_gpu) {
       arrive(i, c, in_use);
       if (!fresh) {
         ++m.stats.prefetched_in;
+        if (const auto* k = sink(); k != nullptr && k->migration != nullptr) k->migration(1, uint64_t{1} << kChunkShift);
         c.arrived = m.stats.launches + 1;  // a copy (populating a fresh chunk copies nothing)
       }
     } else if (!to_gpu && c.gpu) {
       leave_gpu(c);
       ++m.stats.prefetched_out;
+      if (const auto* k = sink(); k != nullptr && k->migration != nullptr) k->migration(0, uint64_t{1} << kChunkShift);
     }
   }
 }
@@ -257,6 +263,8 @@ void residency_launch(const std::vector<std::pair<uintptr_t, size_t>>& blocks) {
     for (uint64_t i = first_chunk(base), last = last_chunk(base, size); size && i <= last; ++i) in_use.push_back(i);
   std::sort(in_use.begin(), in_use.end());
   in_use.erase(std::unique(in_use.begin(), in_use.end()), in_use.end());
+  const fakecuda_activity_sink_t* k = sink();
+  if (k != nullptr && k->kernel_begin != nullptr) k->kernel_begin();
   for (uint64_t i : in_use) {
     bool fresh = m.chunks.find(i) == m.chunks.end();
     Chunk& c = m.chunks[i];
@@ -272,7 +280,9 @@ void residency_launch(const std::vector<std::pair<uintptr_t, size_t>>& blocks) {
     }
     ++(fresh ? m.stats.populated : m.stats.faults);
     arrive(i, c, in_use);
+    if (k != nullptr && k->fault != nullptr) k->fault(i << kChunkShift, fresh ? 0 : uint64_t{1} << kChunkShift);
   }
+  if (k != nullptr && k->kernel_end != nullptr) k->kernel_end();
   ++m.stats.launches;
 }
 
@@ -307,3 +317,5 @@ FAKECUDA_EXPORT int fakecuda_chunk_location(CUdeviceptr p) {
     return -1;
   }
 }
+
+FAKECUDA_EXPORT void fakecuda_set_activity_sink(const fakecuda_activity_sink_t* sink) { g_sink.store(sink, std::memory_order_release); }

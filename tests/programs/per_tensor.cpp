@@ -19,6 +19,15 @@
 //                           tensor checked before its free
 //   per_tensor segments N   the caching allocator's way: two segments (2 MiB, 20 MiB), tensors
 //                           at offsets, N iterations of kernels on them; nothing freed until exit
+//   per_tensor arena N      an arena's way (XLA's BFC allocator, a large cached segment): one
+//                           200 MiB allocation, a 150 MiB tensor at offset 40 MiB in it, and
+//                           three other 100 MiB tensors; N iterations of a kernel writing the
+//                           arena tensor, then one writing each other tensor, 15 ms apart (so
+//                           that CUPTI's records are delivered in between); checks all at the end.
+//                           `arena N profile`: after the second iteration a profiler appears:
+//                           loads libcupti.so.13 globally and calls cuptiSubscribe found with
+//                           dlsym(RTLD_DEFAULT), as a profiler linked to libcupti would reach it;
+//                           prints subscribed=<its CUptiResult>
 //   per_tensor threads T N  T threads, each N rounds of allocate / launch / check / free on its
 //                           own non-blocking stream
 //   per_tensor capture K    while a non-blocking stream is captured (relaxed mode; K = plain:
@@ -26,8 +35,11 @@
 //                           graph captured before), 40 tensors of 8 MiB are made and freed;
 //                           prints "captured" after the capture ends, then 40 more
 // Prints "ok" when every check passed.
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <random>
 #include <thread>
 
@@ -261,15 +273,50 @@ int threads(const Kernels& k, int nthreads, int rounds) {
 
 }  // namespace
 
+int arena(const Kernels& k, int iterations, bool profile) {
+  constexpr size_t MiB = 1 << 20;
+  CUdeviceptr arena = 0;
+  CHECK(cuMemAlloc(&arena, 200 * MiB));
+  const CUdeviceptr tensor = arena + 40 * MiB;
+  CUdeviceptr others[3] = {};
+  for (CUdeviceptr& o : others) CHECK(cuMemAlloc(&o, 100 * MiB));
+  for (int it = 0; it < iterations; ++it) {
+    fill(k, tensor, 150 * MiB, unsigned(it + 1), nullptr);
+    for (int o = 0; o < 3; ++o) fill(k, others[o], 100 * MiB, unsigned(1000 * (o + 1) + it), nullptr);
+    CHECK(cuCtxSynchronize());
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    if (profile && it == 1) {
+      void* cupti = dlopen("libcupti.so.13", RTLD_NOW | RTLD_GLOBAL);
+      using Subscribe = int (*)(void**, void*, void*);
+      auto subscribe = cupti != nullptr ? reinterpret_cast<Subscribe>(dlsym(RTLD_DEFAULT, "cuptiSubscribe")) : nullptr;
+      void* handle = nullptr;
+      std::printf("subscribed=%d\n", subscribe != nullptr ? subscribe(&handle, nullptr, nullptr) : -1);
+    }
+  }
+  if (!holds(tensor, 150 * MiB, unsigned(iterations))) {
+    std::fprintf(stderr, "the arena tensor lost its data\n");
+    return 1;
+  }
+  for (int o = 0; o < 3; ++o) {
+    if (!holds(others[o], 100 * MiB, unsigned(1000 * (o + 1) + iterations - 1))) {
+      std::fprintf(stderr, "tensor %d lost its data\n", o);
+      return 1;
+    }
+    CHECK(cuMemFree(others[o]));
+  }
+  CHECK(cuMemFree(arena));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const int n = argc > 2 ? std::atoi(argv[2]) : 0;
   const std::string kind = argc > 2 ? argv[2] : "";
   const bool capture_mode = mode == "capture" && (kind == "plain" || kind == "to_graph");
   if (mode != "reuse" && !capture_mode &&
-      (n <= 0 || (mode != "discard" && mode != "training" && mode != "segments" && mode != "threads"))) {
+      (n <= 0 || (mode != "discard" && mode != "training" && mode != "segments" && mode != "threads" && mode != "arena"))) {
     std::fprintf(stderr,
-                 "usage: per_tensor reuse | discard N | training N | segments N | threads T N | capture plain|to_graph\n");
+                 "usage: per_tensor reuse | discard N | training N | segments N | arena N | threads T N | capture plain|to_graph\n");
     return 2;
   }
   init_context();
@@ -279,6 +326,7 @@ int main(int argc, char** argv) {
   if (mode == "discard") rc = discard(k, n);
   if (mode == "training") rc = training(k, n);
   if (mode == "segments") rc = segments(k, n);
+  if (mode == "arena") rc = arena(k, n, argc > 3 && std::string(argv[3]) == "profile");
   if (mode == "threads") rc = threads(k, n, argc > 3 ? std::atoi(argv[3]) : 100);
   if (mode == "capture") rc = capture(kind);
   CHECK(cuModuleUnload(k.module));
