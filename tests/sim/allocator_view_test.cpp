@@ -305,4 +305,21 @@ TEST(FaultFeedback, TheSimulatorsFaultsCorrectAFootprintTheScanGotWrong) {
   EXPECT_EQ(n_on.engine.refined_accesses, 0u);
 }
 
+// `pytorch-exact`: the cache's segments and missing frees, with the tensors' true ranges.
+TEST(AllocatorView, PytorchExactViewKeepsSegmentsButGivesTrueExtents) {
+  testing::Builder b;
+  b.alloc(1, 400 * MiB).alloc(2, 300 * MiB).free(1).alloc(3, 50 * MiB).alloc(4, 150 * MiB).kernel("k", 1000, {4}).free(4);
+  CompiledTrace pt = compile(b.t, AllocatorView::pytorch), ex = compile(b.t, AllocatorView::pytorch_exact);
+  EXPECT_EQ(to_string(ex.allocator), std::string("pytorch-exact"));
+  EXPECT_EQ(parse_allocator_view("pytorch-exact"), AllocatorView::pytorch_exact);
+  ASSERT_EQ(ex.blocks.size(), pt.blocks.size()) << "the same segments";
+  const KernelRecord& k = ex.kernels[0];
+  ASSERT_EQ(k.access_end - k.access_begin, 1u);
+  EXPECT_EQ(ex.accesses[k.access_begin].addr, pt.accesses[pt.kernels[0].access_begin].addr);
+  EXPECT_EQ(ex.accesses[k.access_begin].bytes, 150 * MiB) << "the tensor's extent, where the scan gives 64 MiB";
+  EXPECT_EQ(pt.accesses[pt.kernels[0].access_begin].bytes, kInteriorExtent);
+  EXPECT_EQ(std::count_if(ex.ops.begin(), ex.ops.end(), [](const Op& o) { return o.kind == Op::Kind::free; }), 0)
+      << "no tensor frees reach the shim";
+}
+
 }  // namespace spillway::sim

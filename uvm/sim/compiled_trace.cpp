@@ -65,6 +65,7 @@ std::string base_name(const std::string& path) {
 const char* to_string(AllocatorView view) {
   switch (view) {
     case AllocatorView::pytorch: return "pytorch";
+    case AllocatorView::pytorch_exact: return "pytorch-exact";
     case AllocatorView::spillway: return "spillway";
     case AllocatorView::none: break;
   }
@@ -74,6 +75,7 @@ const char* to_string(AllocatorView view) {
 std::optional<AllocatorView> parse_allocator_view(const std::string& text) {
   if (text == "none") return AllocatorView::none;
   if (text == "pytorch") return AllocatorView::pytorch;
+  if (text == "pytorch-exact") return AllocatorView::pytorch_exact;
   if (text == "spillway") return AllocatorView::spillway;
   return std::nullopt;
 }
@@ -82,7 +84,8 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
   CompiledTrace ct;
   ct.path = t.path;
   ct.allocator = view;
-  const bool segments = view == AllocatorView::pytorch;
+  const bool segments = view == AllocatorView::pytorch || view == AllocatorView::pytorch_exact;
+  const bool exact = view == AllocatorView::pytorch_exact;  // the tensors' true ranges, not the scan's guess
   const bool carved = view == AllocatorView::spillway;
   PytorchCachingAllocator framework;  // (`pytorch`)
   SubAllocator shim;                  // (`spillway`): the shim's sub-allocator over arena ranges
@@ -227,7 +230,7 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
           std::uint32_t seq = live.at(r.id);
           const BlockPlacement& b = ct.blocks[seq];
           std::uint64_t addr = (segments ? tensors.at(r.id).addr : b.addr) + r.offset;
-          if (segments) {  // the pointer the kernel is passed, found in its segment
+          if (segments && !exact) {  // the pointer the kernel is passed, found in its segment
             if (std::none_of(hits.begin(), hits.end(), [&](const ArgumentHit& x) { return x.ptr == addr; })) {
               hits.push_back(ArgumentHit{addr, b.addr, b.addr + b.bytes});
             }
@@ -255,7 +258,7 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
         };
         for (const trace::Range& r : e.reads) add(r, false);
         for (const trace::Range& r : e.writes) add(r, true);
-        if (segments && !k.host) {
+        if (segments && !exact && !k.host) {
           // What the launch hook would make of these pointers (spillway/footprint.h).
           const std::size_t at = ct.accesses.size();
           ct.accesses.resize(at + hits.size());

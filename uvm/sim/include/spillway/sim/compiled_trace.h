@@ -69,10 +69,12 @@ struct Op {
 // once (the simulated kernels before a free have completed, so the shim's fence after it
 // would have too) and a chunk no live block holds any more is dropped at no cost (the shim's
 // discard). The simulated GPU charges the trace's true accesses in every view (the tensors'
-// bytes, wherever the view places them).
-enum class AllocatorView { none, pytorch, spillway };
+// bytes, wherever the view places them). `pytorch-exact`: `pytorch` with each kernel's
+// accesses its tensors' true ranges instead of the scan's guess — what perfect extent
+// learning would reach under the cache (the dead data and the missing frees remain).
+enum class AllocatorView { none, pytorch, spillway, pytorch_exact };
 const char* to_string(AllocatorView view);
-// "none", "pytorch" or "spillway"; nullopt otherwise.
+// "none", "pytorch", "spillway" or "pytorch-exact"; nullopt otherwise.
 std::optional<AllocatorView> parse_allocator_view(const std::string& text);
 
 struct CompiledTrace {
