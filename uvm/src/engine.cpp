@@ -688,8 +688,19 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
   // Runs of adjacent chunks moving the same way become one Backend call, clipped to the
   // block that holds them. A run is cut where the block its moves know changes (it would be
   // cut there anyway), so that a run whose block is known needs no table look-up.
+  // An eviction that finds its block freed since the plan was made moves nothing, yet the
+  // plan counted its room: the data leaves the GPU only when that free's discard (or the
+  // driver's free) is issued. The fetches after it wait for the frees in progress to finish
+  // (at most 100 ms), so they never land on a GPU still holding the dead data, where the
+  // driver would evict something else — live data — to make room.
+  std::uint64_t await_frees = 0;  // frees_started_ when such an eviction was dropped
   std::size_t i = 0;
   while (i < moves.size()) {
+    if (await_frees != 0 && moves[i].to == Location::gpu) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      while (frees_done_.load() < await_frees && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      await_frees = 0;
+    }
     std::size_t j = i + 1;
     const bool one_block = moves[i].end > moves[i].base;  // every move of the run knows the same block
     while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk == moves[j - 1].chunk + 1 &&
@@ -715,6 +726,7 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
       if (!b) {  // a chunk's head may hold no block (sub-chunk blocks): try its other bytes
         std::optional<Block> tail = table_.find(std::min(end, (addr / kChunkBytes + 1) * kChunkBytes) - 1);
         if (!tail || tail->base <= addr) {
+          if (moves[i].to == Location::cpu && frees_started_.load() != frees_done_.load()) await_frees = frees_started_.load();
           addr = (addr / kChunkBytes + 1) * kChunkBytes;
           continue;
         }
