@@ -348,6 +348,12 @@ Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::u
     std::vector<CUdeviceptr> ptrs(discard_addr, discard_addr + count);
     std::vector<size_t> sizes(discard_bytes, discard_bytes + count);
     if (discard(ptrs.data(), sizes.data(), count, 0, to_host) == CUDA_SUCCESS) {
+      {
+        // The next prefetch toward the GPU waits for the host stream, hence for this discard:
+        // the room the plan counts is then free on the device too (Engine::carry_out).
+        std::lock_guard lock(g_evicted_mutex);
+        g_evicted = true;
+      }
       if (CUresult r = on(to_host); r != CUDA_SUCCESS) return fail(r);
       give_back(std::vector<CUevent>(record->events.begin(), record->events.end() - 1));
       record->events.erase(record->events.begin(), record->events.end() - 1);

@@ -10,11 +10,14 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "shim.h"
 #include "spillway/log.h"
 
 #if SPILLWAY_HAVE_CUPTI
 #include <cupti_activity.h>
 #include <cupti_callbacks.h>
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
 #endif
 
 extern "C" __attribute__((visibility("hidden"))) void* spillway_real_dlsym_for_next();
@@ -30,6 +33,13 @@ std::atomic<int> g_state{kNotStarted};
 std::atomic<bool> g_exiting{false};
 std::atomic<bool> g_other_client{false};
 std::once_flag g_start_once;
+// Held while CUPTI is being started, and by a stop for another client: a client's callbacks
+// are registered after ours, never before (its buffers would come back to us).
+std::mutex& start_mutex() {
+  static auto* m = new std::mutex;  // never destroyed: CUPTI's thread may call in at exit
+  return *m;
+}
+thread_local bool t_starting = false;  // (CUPTI calling our exports while we start it)
 std::mutex g_why_mutex;
 std::string g_why = "off: not started (no launch yet)";
 std::atomic<std::uint64_t> g_to_gpu{0}, g_to_host{0};
@@ -52,7 +62,11 @@ struct Api {
   CUptiResult (*enable)(CUpti_ActivityKind) = nullptr;
   CUptiResult (*disable)(CUpti_ActivityKind) = nullptr;
   CUptiResult (*flush_all)(uint32_t) = nullptr;
-  CUptiResult (*flush_period)(uint32_t) = nullptr;  // optional (CUDA 11.1+)
+  // Fine-grained API records (CUDA 12.x+; else the whole DRIVER and RUNTIME kinds): CUPTI
+  // writes an EXTERNAL_CORRELATION record only before an API activity record made inside
+  // the pushed region (cupti_activity.h, cuptiActivityPushExternalCorrelationId).
+  CUptiResult (*enable_driver_api)(CUpti_CallbackId, uint8_t) = nullptr;
+  CUptiResult (*enable_runtime_api)(CUpti_CallbackId, uint8_t) = nullptr;
   CUptiResult (*next_record)(uint8_t*, size_t, CUpti_Activity**) = nullptr;
   CUptiResult (*configure_um)(CUpti_ActivityUnifiedMemoryCounterConfig*, uint32_t) = nullptr;
   CUptiResult (*push)(CUpti_ExternalCorrelationKind, uint64_t) = nullptr;
@@ -62,6 +76,17 @@ Api g_api;
 
 constexpr CUpti_ActivityKind kKinds[] = {CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL,
                                          CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER};
+// The launch calls whose API records carry the external correlation ids (the shim brackets
+// the driver's and the runtime's launch calls: hooks_launch.cpp).
+constexpr CUpti_CallbackId kDriverLaunches[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz};
+constexpr CUpti_CallbackId kRuntimeLaunches[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000};
+bool g_whole_api_kinds = false;  // DRIVER and RUNTIME enabled whole (no fine-grained API)
 constexpr std::size_t kBufferBytes = 1u << 20;
 
 struct KernelSpan {
@@ -72,11 +97,19 @@ struct WaitingFault {
   std::uint64_t time, addr;
   std::uint32_t device;
 };
-std::mutex g_mutex;  // guards the three below and g_queue
-std::deque<KernelSpan> g_kernels;                               // by start time
-std::unordered_map<std::uint32_t, std::uint64_t> g_external;   // CUPTI correlation id -> Launch::seq
-std::deque<WaitingFault> g_waiting;
-std::vector<FaultRecord> g_queue;
+// Never destroyed (heap): CUPTI's own thread may still deliver a buffer while the process
+// exits, after static destructors have run.
+struct Records {
+  std::mutex mutex;  // guards all below
+  std::deque<KernelSpan> kernels;                               // by start time
+  std::unordered_map<std::uint32_t, std::uint64_t> external;   // CUPTI correlation id -> Launch::seq
+  std::deque<WaitingFault> waiting;
+  std::vector<FaultRecord> queue;
+};
+Records& records() {
+  static auto* r = new Records;
+  return *r;
+}
 std::atomic<bool> g_queued{false};
 thread_local int t_pushed = 0;
 
@@ -111,38 +144,51 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
   *max_records = 0;
 }
 
-// Attributes the waiting faults to the kernels known so far (with g_mutex held).
-void attribute_locked() {
+// Attributes the waiting faults to the kernels known so far (with records().mutex held). A
+// fault counts once per (launch, 2 MiB chunk): CUPTI reports one record per faulting page.
+void attribute_locked(Records& rec) {
   std::size_t kept = 0;
-  for (std::size_t i = 0; i < g_waiting.size(); ++i) {
-    const WaitingFault& f = g_waiting[i];
-    bool found = false;
+  std::unordered_map<std::uint64_t, std::uint64_t> last_chunk;  // launch seq -> chunk last queued
+  for (std::size_t i = 0; i < rec.waiting.size(); ++i) {
+    const WaitingFault& f = rec.waiting[i];
+    bool found = false, covered = false;
     // Kernels that started at or before the fault; concurrent ones are few: look back a while.
-    auto it = std::upper_bound(g_kernels.begin(), g_kernels.end(), f.time,
+    auto it = std::upper_bound(rec.kernels.begin(), rec.kernels.end(), f.time,
                                [](std::uint64_t t, const KernelSpan& k) { return t < k.start; });
     int looked = 0;
-    while (it != g_kernels.begin() && looked++ < 256) {
+    while (it != rec.kernels.begin() && looked++ < 256) {
       --it;
       if (it->device != f.device || f.time > it->end) continue;
-      auto ext = g_external.find(it->correlation);
-      if (ext == g_external.end()) continue;
-      if (g_queue.size() < CuptiFeedback::kMaxQueued) g_queue.push_back(FaultRecord{ext->second, f.addr});
+      covered = true;
+      auto ext = rec.external.find(it->correlation);
+      if (ext == rec.external.end()) continue;
       found = true;
+      const std::uint64_t chunk = f.addr / kChunkBytes;
+      auto [last, fresh] = last_chunk.try_emplace(ext->second, ~0ull);
+      if (!fresh && last->second == chunk) continue;
+      last->second = chunk;
+      if (rec.queue.size() < CuptiFeedback::kMaxQueued) rec.queue.push_back(FaultRecord{ext->second, f.addr});
     }
-    // Not attributable yet: its kernel's record may still come (unless it is older than
-    // every kernel held: then it never will).
-    const bool hopeless = !g_kernels.empty() && f.time < g_kernels.front().start;
-    if (!found && !hopeless) g_waiting[kept++] = f;
+    // Not attributable yet: its kernel's record may still come — unless a kernel record
+    // covers it with no launch of ours (a kernel the shim did not bracket, e.g. a graph's)
+    // or it is older than every kernel held.
+    const bool hopeless = covered || (!rec.kernels.empty() && f.time < rec.kernels.front().start);
+    if (!found && !hopeless) rec.waiting[kept++] = f;
   }
-  g_waiting.resize(kept);
-  while (g_waiting.size() > CuptiFeedback::kMaxWaiting) g_waiting.pop_front();
-  g_queued.store(!g_queue.empty(), std::memory_order_release);
+  rec.waiting.resize(kept);
+  while (rec.waiting.size() > CuptiFeedback::kMaxWaiting) rec.waiting.pop_front();
+  g_queued.store(!rec.queue.empty(), std::memory_order_release);
 }
 
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   if (buffer == nullptr) return;
+  if (g_exiting.load(std::memory_order_relaxed)) {  // (CUPTI's last flush at exit: just hand it back)
+    std::free(buffer);
+    return;
+  }
   try {
-    std::lock_guard lock(g_mutex);
+    Records& rec = records();
+    std::lock_guard lock(rec.mutex);
     CUpti_Activity* record = nullptr;
     while (valid > 0 && g_api.next_record != nullptr && g_api.next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
       switch (record->kind) {
@@ -152,27 +198,36 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
           // offsets in every kernel record version a CUDA 12 or 13 libcupti emits.
           const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
           KernelSpan span{k->start, k->end, k->deviceId, k->correlationId};
-          auto at = std::upper_bound(g_kernels.begin(), g_kernels.end(), span.start,
+          auto at = std::upper_bound(rec.kernels.begin(), rec.kernels.end(), span.start,
                                      [](std::uint64_t t, const KernelSpan& x) { return t < x.start; });
-          g_kernels.insert(at, span);
-          while (g_kernels.size() > CuptiFeedback::kMaxKernels) {
-            g_external.erase(g_kernels.front().correlation);
-            g_kernels.pop_front();
+          rec.kernels.insert(at, span);
+          while (rec.kernels.size() > CuptiFeedback::kMaxKernels) {
+            rec.external.erase(rec.kernels.front().correlation);
+            rec.kernels.pop_front();
           }
           break;
         }
         case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: {
           const auto* x = reinterpret_cast<const CUpti_ActivityExternalCorrelation*>(record);
           if (x->externalKind == CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0) {
-            if (g_external.size() > 4 * CuptiFeedback::kMaxKernels) g_external.clear();
-            g_external[x->correlationId] = x->externalId;
+            // (Ids whose kernel never came: the oldest half goes, by correlation id, which
+            // CUPTI hands out in increasing order.)
+            if (rec.external.size() > 4 * CuptiFeedback::kMaxKernels) {
+              std::vector<std::uint32_t> ids;
+              ids.reserve(rec.external.size());
+              for (const auto& [id, seq] : rec.external) ids.push_back(id);
+              std::nth_element(ids.begin(), ids.begin() + ids.size() / 2, ids.end());
+              const std::uint32_t median = ids[ids.size() / 2];
+              std::erase_if(rec.external, [median](const auto& e) { return e.first < median; });
+            }
+            rec.external[x->correlationId] = x->externalId;
           }
           break;
         }
         case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: {
           const auto* u = reinterpret_cast<const CUpti_ActivityUnifiedMemoryCounter3*>(record);
           if (u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT) {
-            g_waiting.push_back(WaitingFault{u->start, u->address, u->srcId});
+            rec.waiting.push_back(WaitingFault{u->start, u->address, u->srcId});
           } else if (u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD) {
             g_to_gpu.fetch_add(u->value, std::memory_order_relaxed);
           } else if (u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH) {
@@ -183,7 +238,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         default: break;
       }
     }
-    attribute_locked();
+    attribute_locked(rec);
   } catch (...) {
     SPILLWAY_LOG_ONCE(LogLevel::warn, "fault feedback: a CUPTI buffer could not be read; its records are dropped");
   }
@@ -214,7 +269,8 @@ bool start_locked(int device) {
     set_off("off: libcupti lacks an Activity API function");
     return false;
   }
-  resolve(h, "cuptiActivityFlushPeriod", a.flush_period);
+  resolve(h, "cuptiActivityEnableDriverApi", a.enable_driver_api);
+  resolve(h, "cuptiActivityEnableRuntimeApi", a.enable_runtime_api);
   g_api = a;
   CUpti_ActivityUnifiedMemoryCounterConfig config[3] = {};
   const CUpti_ActivityUnifiedMemoryCounterKind counters[3] = {CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT,
@@ -236,6 +292,16 @@ bool start_locked(int device) {
     set_off(fmt::format("off: cuptiActivityRegisterCallbacks failed ({})", static_cast<int>(r)));
     return false;
   }
+  auto disable_all = [&a] {
+    for (CUpti_ActivityKind k : kKinds) a.disable(k);
+    if (g_whole_api_kinds) {
+      a.disable(CUPTI_ACTIVITY_KIND_DRIVER);
+      a.disable(CUPTI_ACTIVITY_KIND_RUNTIME);
+    } else {
+      for (CUpti_CallbackId id : kDriverLaunches) a.enable_driver_api(id, 0);
+      for (CUpti_CallbackId id : kRuntimeLaunches) a.enable_runtime_api(id, 0);
+    }
+  };
   for (CUpti_ActivityKind kind : kKinds) {
     r = a.enable(kind);
     if (r != CUPTI_SUCCESS) {
@@ -244,7 +310,33 @@ bool start_locked(int device) {
       return false;
     }
   }
-  if (a.flush_period != nullptr) a.flush_period(CuptiFeedback::kFlushPeriodMs);
+  // API records for the launch calls only, where CUPTI can restrict them; else every driver
+  // and runtime call gets one (more overhead, same feedback).
+  g_whole_api_kinds = a.enable_driver_api == nullptr || a.enable_runtime_api == nullptr;
+  if (g_whole_api_kinds) {
+    r = a.enable(CUPTI_ACTIVITY_KIND_DRIVER);
+    if (r == CUPTI_SUCCESS) r = a.enable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  } else {
+    for (CUpti_CallbackId id : kDriverLaunches) {
+      if (r == CUPTI_SUCCESS) r = a.enable_driver_api(id, 1);
+    }
+    for (CUpti_CallbackId id : kRuntimeLaunches) {
+      if (r == CUPTI_SUCCESS) r = a.enable_runtime_api(id, 1);
+    }
+  }
+  if (r != CUPTI_SUCCESS) {
+    disable_all();
+    set_off(fmt::format("off: enabling the launch calls' API records failed ({})", static_cast<int>(r)));
+    return false;
+  }
+  // A client that appeared while we started (its call waits on start_mutex(), so it comes
+  // after ours and its callbacks replace ours): hand CUPTI back at once.
+  if (g_other_client.load()) {
+    disable_all();
+    a.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    set_off("off: another CUPTI client appeared while feedback started");
+    return false;
+  }
   std::atexit([] { g_exiting.store(true); });  // runs before the libraries' destructors and CUPTI's own teardown
   {
     std::lock_guard lock(g_why_mutex);
@@ -252,6 +344,21 @@ bool start_locked(int device) {
   }
   g_state.store(kActive, std::memory_order_release);
   return true;
+}
+
+// Stops the feedback for good and hands CUPTI back as the shim found it, as far as it can:
+// its activity kinds and API records off, its buffers flushed back to it. (With
+// start_mutex() held.)
+void stop_locked() {
+  for (CUpti_ActivityKind k : kKinds) g_api.disable(k);
+  if (g_whole_api_kinds) {
+    g_api.disable(CUPTI_ACTIVITY_KIND_DRIVER);
+    g_api.disable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  } else {
+    for (CUpti_CallbackId id : kDriverLaunches) g_api.enable_driver_api(id, 0);
+    for (CUpti_CallbackId id : kRuntimeLaunches) g_api.enable_runtime_api(id, 0);
+  }
+  g_api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
 }
 
 #endif  // SPILLWAY_HAVE_CUPTI
@@ -262,6 +369,12 @@ bool CuptiFeedback::start(int device) {
   std::call_once(g_start_once, [device] {
 #if SPILLWAY_HAVE_CUPTI
     try {
+      std::lock_guard lock(start_mutex());
+      t_starting = true;
+      struct Reset {
+        ~Reset() { t_starting = false; }
+      } reset;
+      if (g_state.load() != kNotStarted) return;  // (another client came first)
       if (start_locked(device)) log(LogLevel::info, "fault feedback: CUPTI unified-memory activity on for device {}", device);
       else log(LogLevel::info, "fault feedback {}", state());
     } catch (...) {
@@ -283,12 +396,11 @@ void CuptiFeedback::begin_launch(std::uint64_t seq) {
 #if SPILLWAY_HAVE_CUPTI
   if (!active()) return;
   if (g_api.push(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, seq) == CUPTI_SUCCESS) ++t_pushed;
-  // Deliver what has completed, at most every kFlushPeriodMs (CUPTI's own periodic flush
-  // does the same where it has one).
+  // Deliver what has completed, at most every kFlushPeriodMs (CUPTI's periodic flush,
+  // cuptiActivityFlushPeriod, returns only full buffers: cupti_activity.h).
   const std::int64_t now = steady_ns();
   std::int64_t last = g_last_flush_ns.load(std::memory_order_relaxed);
-  if (g_api.flush_period == nullptr && now - last >= std::int64_t(kFlushPeriodMs) * 1'000'000 &&
-      g_last_flush_ns.compare_exchange_strong(last, now)) {
+  if (now - last >= std::int64_t(kFlushPeriodMs) * 1'000'000 && g_last_flush_ns.compare_exchange_strong(last, now)) {
     g_api.flush_all(0);
   }
 #else
@@ -309,10 +421,11 @@ void CuptiFeedback::end_launch() {
 std::size_t CuptiFeedback::take(std::vector<FaultRecord>& out) {
 #if SPILLWAY_HAVE_CUPTI
   if (!g_queued.load(std::memory_order_acquire)) return 0;
-  std::lock_guard lock(g_mutex);
-  const std::size_t n = g_queue.size();
-  out.insert(out.end(), g_queue.begin(), g_queue.end());
-  g_queue.clear();
+  Records& rec = records();
+  std::lock_guard lock(rec.mutex);
+  const std::size_t n = rec.queue.size();
+  out.insert(out.end(), rec.queue.begin(), rec.queue.end());
+  rec.queue.clear();
   g_queued.store(false, std::memory_order_release);
   return n;
 #else
@@ -332,24 +445,23 @@ void CuptiFeedback::migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host
 }
 
 void CuptiFeedback::stop_for_other_client(const char* why) {
-  g_other_client.store(true);
 #if SPILLWAY_HAVE_CUPTI
-  int expected = kActive;
-  if (g_state.load() == kActive && !g_exiting.load()) {
-    // Hand CUPTI over as we found it: our kinds off, our buffers back to us.
-    for (CUpti_ActivityKind k : kKinds) g_api.disable(k);
-    g_api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  if (t_starting) return;  // CUPTI calling back while the shim starts it: not another client
+  g_other_client.store(true);
+  // Waits for a start in progress, so that the client's call reaches CUPTI after ours.
+  std::lock_guard lock(start_mutex());
+  const int was = g_state.load();
+  if (was == kOff) return;
+  if (was == kActive && !g_exiting.load()) {
+    ShimCallScope scope;
+    stop_locked();
   }
-  if (g_state.compare_exchange_strong(expected, kOff) || expected == kNotStarted) {
-    set_off(std::string("off: another CUPTI client appeared (") + why + ")");
-    log(LogLevel::info, "fault feedback {}", state());
-  }
+  set_off(std::string("off: another CUPTI client appeared (") + why + ")");
+  log(LogLevel::info, "fault feedback {}", state());
 #else
   (void)why;
 #endif
 }
-
-void CuptiFeedback::at_exit() { g_exiting.store(true); }
 
 }  // namespace spillway::interpose
 
@@ -360,9 +472,20 @@ void CuptiFeedback::at_exit() { g_exiting.store(true); }
 // Kineto, linked against libcupti): fault feedback stops first, then the call goes on to
 // CUPTI unchanged.
 namespace {
+// The libcupti the client's call was meant for: the next definition in the global scope
+// (RTLD_NEXT), else a libcupti loaded RTLD_LOCAL (a Python extension's, or the one the shim
+// loaded itself), found by its soname.
 template <typename F>
 F next_cupti(const char* name) {
-  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+  if (void* f = dlsym(RTLD_NEXT, name)) return reinterpret_cast<F>(f);
+  for (const char* soname : {"libcupti.so.13", "libcupti.so.12", "libcupti.so"}) {
+    if (void* h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD)) {
+      void* f = spillway::interpose::real_dlsym()(h, name);
+      dlclose(h);  // (NOLOAD took a reference)
+      if (f != nullptr) return reinterpret_cast<F>(f);
+    }
+  }
+  return nullptr;
 }
 }  // namespace
 

@@ -607,8 +607,9 @@ class Observation {
       interpose::LaunchOrderScope order(stream);
       in_flight_.emplace(e->launch_in_flight(l));
     }
-    if (bracketed_) interpose::backend_instance().begin_launch(l.seq);
     if (sample) start_sample(fp.exec_id, stream);
+    // Last: from here the destructor runs and pops the id (a constructor that throws runs none).
+    if (bracketed_) interpose::backend_instance().begin_launch(l.seq);
   }
 
   ~Observation() {

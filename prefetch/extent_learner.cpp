@@ -35,7 +35,8 @@ std::span<const Access> ExtentLearner::refine(const Launch& launch) {
     const std::uint64_t sig = signature_of(name_hash, rank);
     ranges_.push_back(Range{a.addr, sig, first, last, block_last});  // (for attribution, even if it cannot widen)
     if (block_last == last) continue;  // the guess reaches the block's end: nothing to widen
-    std::uint32_t chunks = extent_chunks(a.addr);  // the pointer's extent, else its signature's
+    // The pointer's own extent, else (never seen past its guess) its signature's.
+    std::uint32_t chunks = extent_chunks(a.addr);
     if (chunks == 0) {
       auto it = by_signature_.find(sig);
       if (it == by_signature_.end()) continue;
@@ -73,12 +74,12 @@ void ExtentLearner::observe(std::span<const FaultRecord> faults) {
     if (at == recent_at_.end() || at->second < recent_base_) continue;
     const Recent& r = recent_[at->second - recent_base_];
     const ChunkIndex c = chunk_of(f.addr);
-    // The range the fault belongs to: the highest start at or below it within its block.
+    // The range the fault belongs to: the highest pointer at or below its chunk, within its block.
     const Range* owner = nullptr;
     for (std::uint64_t pos = r.begin; pos < r.end; ++pos) {
       const Range& range = ranges_[pos - ranges_base_];
       if (c < range.first || c > range.block_last) continue;
-      if (owner == nullptr || range.first > owner->first) owner = &range;
+      if (owner == nullptr || range.ptr > owner->ptr) owner = &range;
     }
     if (owner == nullptr || c <= owner->last) continue;  // inside the scan's guess (or not ours)
     ++past_guess_;

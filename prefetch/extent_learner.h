@@ -9,25 +9,27 @@
 // planned, not prefetched, and faults at every use. The learner widens such ranges to what
 // the driver's fault records show the kernels touch:
 //   * a fault attributed to a launch, in chunk c past an inferred range of that launch that
-//     starts in chunk f (the range with the highest start at or below c, c within its block),
-//     sets the extent of that range's pointer to at least c - f + 1 chunks (a tensor is
-//     contiguous: every chunk between is touched too, resident or not);
+//     starts in chunk f (the range with the highest pointer at or below c's chunk, c within
+//     its block), sets the extent of that range's pointer to at least c - f + 1 chunks (a
+//     tensor is contiguous: every chunk between is touched too, resident or not);
 //   * later launches passing that pointer get [pointer, max(scan's end, f + extent chunks)),
 //     never past the block's end.
 // Extents are learned per pointer — the tensor at an address is passed to every kernel that
 // uses it, and a caching allocator gives an address back to a tensor of the same size class
 // (c10/cuda/CUDACachingAllocator.cpp, best fit) — and per signature (the kernel's name and
-// the pointer's rank among the launch's pointers; the widest seen), which answers for a
-// pointer not seen before: a decoding step's tensors move to new addresses, but the kernel
-// that reads the key/value cache reads one as large as the last. Both only grow: an
-// over-estimate costs a prefetch of data not needed, an under-estimate a fault at every use. The scan's guess is never narrowed: a
-// chunk the kernel does not touch is prefetched with the rest, and shows no fault either way
-// (the simulator's `pytorch` view with exact extents measures what narrowing could gain:
-// bench/README.md).
+// the pointer's rank in address order among the launch's pointers; the widest seen), which
+// answers for a pointer with no extent of its own: a decoding step's tensors move to new
+// addresses, but the kernel that reads the key/value cache reads one as large as the last.
+// (Measured: taking the signature's extent only for a pointer's first sighting cost gpt2-xl
+// decoding 22% and training 16% at 0.5 of peak, bench/README.md's sweep.) Both only grow: an over-estimate costs a prefetch of data not needed, an under-estimate a fault at
+// every use. The scan's guess is never narrowed: a chunk the kernel does not touch is
+// prefetched with the rest, and shows no fault either way (the simulator's `pytorch-exact`
+// view measures what narrowing could gain: bench/README.md).
 //
 // Not thread-safe (the Engine serialises calls to its policy). Memory: bounded: at most
-// kMaxExtents pointers and signatures each (beyond, everything is forgotten and learned again) and the inferred
-// ranges of the last kWindow launches (older launches' faults are not attributed).
+// kMaxExtents pointers and signatures each (beyond, everything is forgotten and learned
+// again) and the inferred ranges of the last kWindow launches (older launches' faults are
+// not attributed).
 #pragma once
 
 #include <cstdint>

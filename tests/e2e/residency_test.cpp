@@ -101,12 +101,12 @@ TEST(Residency, LearnedCutsPageFaultsByAtLeast80PercentAgainstDemand) {
 // they were made. With neither, 95-156 faults and 130-184 evictions the driver had to make
 // (the plan had lost track of chunks faulted back); with the pins alone, 0-20 and 0-28 on
 // a loaded machine; with both, none in 37 runs.
-// Ten runs: the race this caught — one thread's plan evicting a chunk of a block another
+// Five runs: the race this caught — one thread's plan evicting a chunk of a block another
 // thread frees meanwhile (the eviction finds no block and moves nothing, while the plan
 // counts the room; the data leaves the GPU only with the free's discard) — showed in about
 // one run in twenty (4 driver evictions) before fetches waited for the frees in progress.
 TEST(Residency, TwoThreadsLaunchingConcurrentlyStayCorrect) {
-  for (int run = 0; run < 10; ++run) {
+  for (int run = 0; run < 5; ++run) {
     std::string dir = temp_dir();
     Outcome o = run_under("learned", {"threads", "2", "8", "6"}, dir);
     ASSERT_EQ(o.run.status, 0) << describe(o.run);

@@ -4,8 +4,11 @@
 // the real CUPTI would, in the layouts of cupti_activity.h (CUDA 13.0):
 //   * CONCURRENT_KERNEL (CUpti_ActivityKernel10: start, end, deviceId 0, correlationId) for
 //     each launch that executes with the model on;
-//   * EXTERNAL_CORRELATION (CUSTOM0) for such a launch while the launching thread has an id
-//     pushed (cuptiActivityPushExternalCorrelationId);
+//   * for such a launch, while the launching thread has an id pushed
+//     (cuptiActivityPushExternalCorrelationId) and API records of the launch call are on (the
+//     DRIVER or RUNTIME kind, or cuptiActivityEnableDriverApi/RuntimeApi with a launch
+//     call's callback id), EXTERNAL_CORRELATION (CUSTOM0) followed by the call's API record
+//     (CUpti_ActivityAPI), as CUPTI writes them (only before an API record);
 //   * UNIFIED_MEMORY_COUNTER (CUpti_ActivityUnifiedMemoryCounter3): GPU_PAGE_FAULT at the
 //     chunk's base for each chunk a launch faulted on or first-touched, timed inside its
 //     kernel's [start, end]; BYTES_TRANSFER_HTOD / _DTOH for faults, prefetches and evictions
@@ -17,6 +20,8 @@
 // FAKECUPTI_FAIL=<function name> makes that function fail with CUPTI_ERROR_UNKNOWN.
 #include <cupti_activity.h>
 #include <cupti_callbacks.h>
+#include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -41,6 +46,7 @@ std::uint32_t g_correlation = 0;
 std::uint64_t g_kernel_start = 0;
 std::uint32_t g_kernel_correlation = 0;
 bool g_subscribed = false;
+bool g_driver_launch_api = false, g_runtime_launch_api = false;  // launch calls' API records (fine-grained)
 thread_local std::vector<std::uint64_t> t_external;
 
 bool failing(const char* name) {
@@ -73,6 +79,9 @@ void on_kernel_begin() {
   std::lock_guard lock(g_mutex);
   g_kernel_start = ++g_tick;
   g_kernel_correlation = ++g_correlation;
+  const bool driver = g_enabled[CUPTI_ACTIVITY_KIND_DRIVER] || g_driver_launch_api;
+  const bool runtime = g_enabled[CUPTI_ACTIVITY_KIND_RUNTIME] || g_runtime_launch_api;
+  if (!driver && !runtime) return;  // no API record, hence no external correlation record
   if (g_enabled[CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION] && !t_external.empty()) {
     CUpti_ActivityExternalCorrelation x{};
     x.kind = CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION;
@@ -81,6 +90,13 @@ void on_kernel_begin() {
     x.correlationId = g_kernel_correlation;
     append(x);
   }
+  CUpti_ActivityAPI api{};
+  api.kind = driver ? CUPTI_ACTIVITY_KIND_DRIVER : CUPTI_ACTIVITY_KIND_RUNTIME;
+  api.cbid = driver ? CUpti_CallbackId{CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel} : CUpti_CallbackId{CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000};
+  api.start = g_kernel_start;
+  api.end = g_kernel_start;
+  api.correlationId = g_kernel_correlation;
+  append(api);
 }
 void on_fault(std::uint64_t addr, std::uint64_t migrated) {
   std::lock_guard lock(g_mutex);
@@ -111,6 +127,8 @@ std::size_t record_size(CUpti_ActivityKind kind) {
     case CUPTI_ACTIVITY_KIND_KERNEL:
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: return (sizeof(CUpti_ActivityKernel10) + 7) & ~std::size_t{7};
     case CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION: return (sizeof(CUpti_ActivityExternalCorrelation) + 7) & ~std::size_t{7};
+    case CUPTI_ACTIVITY_KIND_DRIVER:
+    case CUPTI_ACTIVITY_KIND_RUNTIME: return (sizeof(CUpti_ActivityAPI) + 7) & ~std::size_t{7};
     case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER:
       return (sizeof(CUpti_ActivityUnifiedMemoryCounter3) + 7) & ~std::size_t{7};
     default: return 0;
@@ -144,6 +162,21 @@ FAKECUPTI_EXPORT CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind) {
   if (kind < 0 || kind >= 64) return CUPTI_ERROR_INVALID_KIND;
   std::lock_guard lock(g_mutex);
   g_enabled[kind] = false;
+  return CUPTI_SUCCESS;
+}
+
+// Only the ids the fake's launches make count (its launches are all cuLaunchKernel-like;
+// the runtime's reach the driver's): cuLaunchKernel, cudaLaunchKernel.
+FAKECUPTI_EXPORT CUptiResult cuptiActivityEnableDriverApi(CUpti_CallbackId cbid, uint8_t enable) {
+  if (failing("cuptiActivityEnableDriverApi")) return CUPTI_ERROR_UNKNOWN;
+  std::lock_guard lock(g_mutex);
+  if (cbid == CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel) g_driver_launch_api = enable != 0;
+  return CUPTI_SUCCESS;
+}
+
+FAKECUPTI_EXPORT CUptiResult cuptiActivityEnableRuntimeApi(CUpti_CallbackId cbid, uint8_t enable) {
+  std::lock_guard lock(g_mutex);
+  if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000) g_runtime_launch_api = enable != 0;
   return CUPTI_SUCCESS;
 }
 

@@ -20,8 +20,8 @@
 //   per_tensor segments N   the caching allocator's way: two segments (2 MiB, 20 MiB), tensors
 //                           at offsets, N iterations of kernels on them; nothing freed until exit
 //   per_tensor arena N      an arena's way (XLA's BFC allocator, a large cached segment): one
-//                           200 MiB allocation, a 150 MiB tensor at offset 40 MiB in it, and
-//                           three other 100 MiB tensors; N iterations of a kernel writing the
+//                           100 MiB allocation, an 80 MiB tensor at offset 20 MiB in it, and
+//                           three other 50 MiB tensors; N iterations of a kernel writing the
 //                           arena tensor, then one writing each other tensor, 15 ms apart (so
 //                           that CUPTI's records are delivered in between); checks all at the end.
 //                           `arena N profile`: after the second iteration a profiler appears:
@@ -276,13 +276,13 @@ int threads(const Kernels& k, int nthreads, int rounds) {
 int arena(const Kernels& k, int iterations, bool profile) {
   constexpr size_t MiB = 1 << 20;
   CUdeviceptr arena = 0;
-  CHECK(cuMemAlloc(&arena, 200 * MiB));
-  const CUdeviceptr tensor = arena + 40 * MiB;
+  CHECK(cuMemAlloc(&arena, 100 * MiB));
+  const CUdeviceptr tensor = arena + 20 * MiB;
   CUdeviceptr others[3] = {};
-  for (CUdeviceptr& o : others) CHECK(cuMemAlloc(&o, 100 * MiB));
+  for (CUdeviceptr& o : others) CHECK(cuMemAlloc(&o, 50 * MiB));
   for (int it = 0; it < iterations; ++it) {
-    fill(k, tensor, 150 * MiB, unsigned(it + 1), nullptr);
-    for (int o = 0; o < 3; ++o) fill(k, others[o], 100 * MiB, unsigned(1000 * (o + 1) + it), nullptr);
+    fill(k, tensor, 80 * MiB, unsigned(it + 1), nullptr);
+    for (int o = 0; o < 3; ++o) fill(k, others[o], 50 * MiB, unsigned(1000 * (o + 1) + it), nullptr);
     CHECK(cuCtxSynchronize());
     std::this_thread::sleep_for(std::chrono::milliseconds(15));
     if (profile && it == 1) {
@@ -293,12 +293,12 @@ int arena(const Kernels& k, int iterations, bool profile) {
       std::printf("subscribed=%d\n", subscribe != nullptr ? subscribe(&handle, nullptr, nullptr) : -1);
     }
   }
-  if (!holds(tensor, 150 * MiB, unsigned(iterations))) {
+  if (!holds(tensor, 80 * MiB, unsigned(iterations))) {
     std::fprintf(stderr, "the arena tensor lost its data\n");
     return 1;
   }
   for (int o = 0; o < 3; ++o) {
-    if (!holds(others[o], 100 * MiB, unsigned(1000 * (o + 1) + iterations - 1))) {
+    if (!holds(others[o], 50 * MiB, unsigned(1000 * (o + 1) + iterations - 1))) {
       std::fprintf(stderr, "tensor %d lost its data\n", o);
       return 1;
     }

@@ -243,6 +243,9 @@ TEST(FaultFeedback, FaultsPastTheScansGuessWidenThePointersExtent) {
   std::vector<Access> b{Access{q, kInteriorExtent, false, true, seg + 400 * MiB}};
   EXPECT_EQ(x.refine(launch_of(2, "gemm", b))[0].bytes, 150 * MiB);
   EXPECT_EQ(x.refine(launch_of(3, "unrelated", b))[0].bytes, kInteriorExtent) << "no signature seen: the guess";
+  x.observe(std::vector<FaultRecord>{{3, q + 90 * kChunkBytes}});  // q's own extent, learned by "unrelated"
+  EXPECT_EQ(x.extent_chunks(q), 91u);
+  EXPECT_EQ(x.refine(launch_of(4, "gemm", b))[0].bytes, 182 * MiB) << "the pointer's own extent first";
 }
 
 TEST(FaultFeedback, NeverWidensPastTheBlockNorForFaultsOfOtherLaunchesOrRanges) {
@@ -269,6 +272,14 @@ TEST(FaultFeedback, NeverWidensPastTheBlockNorForFaultsOfOtherLaunchesOrRanges) 
   y.observe(std::vector<FaultRecord>{{1, q + kChunkBytes}});
   EXPECT_EQ(y.extent_chunks(p), 0u);
   EXPECT_EQ(y.faults_past_guess(), 0u) << "inside q's guess";
+  // Two pointers in one chunk: a fault past the higher one's guess is the higher one's.
+  const std::uint64_t lo = seg + 10 * kChunkBytes, hi = lo + 4096;
+  std::vector<Access> d{Access{lo, 4096, false, true, seg + 80 * MiB}, Access{hi, 2 * MiB, false, true, seg + 80 * MiB}};
+  ExtentLearner z;
+  z.refine(launch_of(1, "k3", d));
+  z.observe(std::vector<FaultRecord>{{1, lo + 5 * kChunkBytes}});
+  EXPECT_EQ(z.extent_chunks(hi), 6u);
+  EXPECT_EQ(z.extent_chunks(lo), 0u);
 }
 
 // The simulator end to end: a 150 MiB tensor carved from the middle of a cached 400 MiB

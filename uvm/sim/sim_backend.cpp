@@ -253,7 +253,7 @@ void SimBackend::run(std::uint32_t index) {
       continue;
     }
     t = std::max(t, slot);
-    if (params_.fault_feedback) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes});
+    if (faults_taken_) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes});
     if (state_[c] != fresh) {
       std::uint64_t pages = (tt.bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
       faults += std::min<std::uint64_t>(pages, density_pages_);
@@ -294,6 +294,7 @@ const SimStats& SimBackend::stats() {
 }
 
 std::size_t SimBackend::take_faults(std::vector<FaultRecord>& out) {
+  faults_taken_ = params_.fault_feedback;  // (recorded only once a policy takes them)
   const std::size_t n = faults_.size();
   out.insert(out.end(), faults_.begin(), faults_.end());
   faults_.clear();

@@ -691,14 +691,19 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
   // An eviction that finds its block freed since the plan was made moves nothing, yet the
   // plan counted its room: the data leaves the GPU only when that free's discard (or the
   // driver's free) is issued. The fetches after it wait for the frees in progress to finish
-  // (at most 100 ms), so they never land on a GPU still holding the dead data, where the
-  // driver would evict something else — live data — to make room.
+  // (at most 20 ms: a driver free that synchronises the device must not stall the plans
+  // queued behind this one past their own wait), so they never land on a GPU still holding
+  // the dead data, where the driver would evict something else — live data — to make room.
+  // (Host-side order: with the driver's asynchronous copies, the shim's GPU stream also
+  // waits for its host stream after evictions and discards: cuda_backend.h.)
   std::uint64_t await_frees = 0;  // frees_started_ when such an eviction was dropped
   std::size_t i = 0;
   while (i < moves.size()) {
     if (await_frees != 0 && moves[i].to == Location::gpu) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-      while (frees_done_.load() < await_frees && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+      while (frees_done_.load() < await_frees && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
       await_frees = 0;
     }
     std::size_t j = i + 1;
@@ -871,6 +876,16 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
       return st;
     }
   }
+  // Counted from before the block leaves the table until its chunks have left the plan (and
+  // its data the GPU: its discard or the driver's free is issued): a plan made meanwhile, or
+  // carried out after another free started, may hold moves of the freed block's chunks
+  // (frees_at_plan; carry_out's wait). (One carried out before this count moves, moves them
+  // before the driver frees the block: no harm.)
+  frees_started_.fetch_add(1);
+  struct Done {
+    std::atomic<std::uint64_t>& done;
+    ~Done() { done.fetch_add(1); }
+  } done{frees_done_};
   std::optional<Block> block = table_.erase(addr);
   *ours = block.has_value();
   if (!block) {
@@ -879,14 +894,6 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     *ours = in_suballocator_range(addr);
     return *ours ? Result{Status::invalid_value, 0} : Result{};
   }
-  // From here until the block's chunks have left the plan, a plan may still move them: such
-  // plans check their blocks in the table when carried out (frees_at_plan). (One carried out
-  // before this count moves, moves them before the driver frees the block: no harm.)
-  frees_started_.fetch_add(1);
-  struct Done {
-    std::atomic<std::uint64_t>& done;
-    ~Done() { done.fetch_add(1); }
-  } done{frees_done_};
   if (block->suballocated) {
     // Dead now: the range waits for a fence (no device wait), and then its own chunks leave
     // the plan — after the fence that discards them is issued, so that no plan counts their

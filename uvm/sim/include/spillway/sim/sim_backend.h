@@ -79,7 +79,8 @@ class SimBackend final : public Backend {
   Result wait_event(EventHandle) override { return {}; }
   // Fault feedback (SimParams::fault_feedback): one record per chunk a kernel faulted on or
   // first touched (the driver reports a GPU page fault for both), at the chunk's base, for the
-  // launch named by the last begin_launch(); the bytes fault-migrated each way.
+  // launch named by the last begin_launch(), from the first take_faults() on (so that a
+  // policy that never takes them costs no memory); the bytes fault-migrated each way.
   bool fault_feedback() override { return params_.fault_feedback; }
   std::size_t take_faults(std::vector<FaultRecord>& out) override;
   std::string fault_feedback_state() override { return params_.fault_feedback ? "simulator" : "off: --fault-feedback off"; }
@@ -149,6 +150,7 @@ class SimBackend final : public Backend {
   std::vector<std::uint32_t> missing_;
   std::uint64_t launch_seq_ = 0;
   std::vector<FaultRecord> faults_;  // not yet taken
+  bool faults_taken_ = false;        // a policy takes them (recorded only then)
   std::uint64_t fault_in_bytes_ = 0, driver_out_bytes_ = 0;
 };
 
