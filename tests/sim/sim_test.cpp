@@ -2,6 +2,8 @@
 // unlimited memory, ordering against the oracle and the bound, determinism, placement.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -235,27 +237,48 @@ TEST(SimTest, BundledTraceOrdering) {
   }
 }
 
-TEST(SimTest, EveryBundledTraceReadsAndSimulates) {
-  int n = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(std::string(SPILLWAY_SOURCE_DIR) + "/bench/traces")) {
-    std::string path = entry.path().string();
-    if (!path.ends_with(".jsonl.gz")) continue;
-    ++n;
-    CompiledTrace t = compile_file(path);
-    EXPECT_GT(t.kernel_count, 0u) << path;
-    EXPECT_GE(t.peak_bytes, 30ull << 30) << path << ": bundled traces peak at 30-300 GiB";
-    EXPECT_LE(t.peak_bytes, 300ull << 30) << path;
-    SimParams p = default_params();
-    p.capacity_bytes = t.peak_bytes / 2 / kChunkBytes * kChunkBytes;
-    MinFetch fetches = min_fetch(t, p.capacity_bytes / kChunkBytes);
-    CellResult demand = run_cell(t, "demand", p, nullptr, &fetches);
-    CellResult oracle = run_cell(t, "oracle", p, nullptr, &fetches);
-    EXPECT_LE(oracle.sim.time_ns, demand.sim.time_ns) << path;
-    expect_invariants(demand, p.capacity_bytes / kChunkBytes, path + " demand");
-    expect_invariants(oracle, p.capacity_bytes / kChunkBytes, path + " oracle");
+// The bundled traces (bench/traces/*.jsonl.gz), by file name.
+std::vector<std::string> bundled_traces() {
+  std::vector<std::string> names;
+  std::error_code ec;  // (no directory: no traces, and TracesAreBundled fails)
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(SPILLWAY_SOURCE_DIR) + "/bench/traces", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(".jsonl.gz")) names.push_back(name);
   }
-  EXPECT_GE(n, 2);
+  std::sort(names.begin(), names.end());
+  return names;
 }
+
+TEST(SimTest, TracesAreBundled) { EXPECT_GE(bundled_traces().size(), 2u); }
+
+// One test per trace: each is a few seconds here and minutes under the sanitizers, so that
+// each stays well inside ctest's time limit and they run side by side.
+class BundledTrace : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(BundledTrace, ReadsAndSimulates) {
+  const std::string path = std::string(SPILLWAY_SOURCE_DIR) + "/bench/traces/" + GetParam();
+  CompiledTrace t = compile_file(path);
+  EXPECT_GT(t.kernel_count, 0u) << path;
+  EXPECT_GE(t.peak_bytes, 30ull << 30) << path << ": bundled traces peak at 30-300 GiB";
+  EXPECT_LE(t.peak_bytes, 300ull << 30) << path;
+  SimParams p = default_params();
+  p.capacity_bytes = t.peak_bytes / 2 / kChunkBytes * kChunkBytes;
+  MinFetch fetches = min_fetch(t, p.capacity_bytes / kChunkBytes);
+  CellResult demand = run_cell(t, "demand", p, nullptr, &fetches);
+  CellResult oracle = run_cell(t, "oracle", p, nullptr, &fetches);
+  EXPECT_LE(oracle.sim.time_ns, demand.sim.time_ns) << path;
+  expect_invariants(demand, p.capacity_bytes / kChunkBytes, path + " demand");
+  expect_invariants(oracle, p.capacity_bytes / kChunkBytes, path + " oracle");
+}
+
+INSTANTIATE_TEST_SUITE_P(Bench, BundledTrace, ::testing::ValuesIn(bundled_traces()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string n = info.param.substr(0, info.param.find('.'));
+                           for (char& c : n) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return n;
+                         });
 
 TEST(SimTest, Deterministic) {
   CompiledTrace t = random_trace(3);
