@@ -20,13 +20,11 @@
 #include <cupti_runtime_cbid.h>
 #endif
 
-extern "C" __attribute__((visibility("hidden"))) void* spillway_real_dlsym_for_next();
-
 namespace spillway::interpose {
 namespace {
 
-using DlsymFn = void* (*)(void*, const char*);
-DlsymFn real_dlsym() { return reinterpret_cast<DlsymFn>(spillway_real_dlsym_for_next()); }
+// The sonames tried, newest first (open_cupti, next_cupti).
+constexpr const char* kCuptiSonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so"};
 
 enum : int { kNotStarted = 0, kActive = 1, kOff = 2 };
 std::atomic<int> g_state{kNotStarted};
@@ -114,10 +112,10 @@ std::atomic<bool> g_queued{false};
 thread_local int t_pushed = 0;
 
 void* open_cupti() {
-  for (const char* name : {"libcupti.so.13", "libcupti.so.12", "libcupti.so"}) {
+  for (const char* name : kCuptiSonames) {
     if (void* h = dlopen(name, RTLD_NOW | RTLD_NOLOAD)) return h;
   }
-  for (const char* name : {"libcupti.so.13", "libcupti.so.12", "libcupti.so"}) {
+  for (const char* name : kCuptiSonames) {
     if (void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return h;
   }
   std::vector<std::string> roots;
@@ -245,6 +243,19 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::free(buffer);
 }
 
+// Turns off what the shim turned on: its activity kinds, and the launch calls' API records
+// (g_whole_api_kinds says which way they were turned on).
+void disable_ours(const Api& a) {
+  for (CUpti_ActivityKind k : kKinds) a.disable(k);
+  if (g_whole_api_kinds) {
+    a.disable(CUPTI_ACTIVITY_KIND_DRIVER);
+    a.disable(CUPTI_ACTIVITY_KIND_RUNTIME);
+  } else {
+    for (CUpti_CallbackId id : kDriverLaunches) a.enable_driver_api(id, 0);
+    for (CUpti_CallbackId id : kRuntimeLaunches) a.enable_runtime_api(id, 0);
+  }
+}
+
 bool start_locked(int device) {
   if (const char* inj = std::getenv("CUDA_INJECTION64_PATH"); inj != nullptr && *inj != '\0') {
     set_off("off: another CUPTI client is injected (CUDA_INJECTION64_PATH)");
@@ -292,16 +303,6 @@ bool start_locked(int device) {
     set_off(fmt::format("off: cuptiActivityRegisterCallbacks failed ({})", static_cast<int>(r)));
     return false;
   }
-  auto disable_all = [&a] {
-    for (CUpti_ActivityKind k : kKinds) a.disable(k);
-    if (g_whole_api_kinds) {
-      a.disable(CUPTI_ACTIVITY_KIND_DRIVER);
-      a.disable(CUPTI_ACTIVITY_KIND_RUNTIME);
-    } else {
-      for (CUpti_CallbackId id : kDriverLaunches) a.enable_driver_api(id, 0);
-      for (CUpti_CallbackId id : kRuntimeLaunches) a.enable_runtime_api(id, 0);
-    }
-  };
   for (CUpti_ActivityKind kind : kKinds) {
     r = a.enable(kind);
     if (r != CUPTI_SUCCESS) {
@@ -325,14 +326,14 @@ bool start_locked(int device) {
     }
   }
   if (r != CUPTI_SUCCESS) {
-    disable_all();
+    disable_ours(a);
     set_off(fmt::format("off: enabling the launch calls' API records failed ({})", static_cast<int>(r)));
     return false;
   }
   // A client that appeared while we started (its call waits on start_mutex(), so it comes
   // after ours and its callbacks replace ours): hand CUPTI back at once.
   if (g_other_client.load()) {
-    disable_all();
+    disable_ours(a);
     a.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     set_off("off: another CUPTI client appeared while feedback started");
     return false;
@@ -350,14 +351,7 @@ bool start_locked(int device) {
 // its activity kinds and API records off, its buffers flushed back to it. (With
 // start_mutex() held.)
 void stop_locked() {
-  for (CUpti_ActivityKind k : kKinds) g_api.disable(k);
-  if (g_whole_api_kinds) {
-    g_api.disable(CUPTI_ACTIVITY_KIND_DRIVER);
-    g_api.disable(CUPTI_ACTIVITY_KIND_RUNTIME);
-  } else {
-    for (CUpti_CallbackId id : kDriverLaunches) g_api.enable_driver_api(id, 0);
-    for (CUpti_CallbackId id : kRuntimeLaunches) g_api.enable_runtime_api(id, 0);
-  }
+  disable_ours(g_api);
   g_api.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
 }
 
@@ -478,7 +472,7 @@ namespace {
 template <typename F>
 F next_cupti(const char* name) {
   if (void* f = dlsym(RTLD_NEXT, name)) return reinterpret_cast<F>(f);
-  for (const char* soname : {"libcupti.so.13", "libcupti.so.12", "libcupti.so"}) {
+  for (const char* soname : spillway::interpose::kCuptiSonames) {
     if (void* h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD)) {
       void* f = spillway::interpose::real_dlsym()(h, name);
       dlclose(h);  // (NOLOAD took a reference)

@@ -41,13 +41,10 @@ namespace spillway::hook {
 extern "C" __attribute__((visibility("hidden"))) void* spillway_real_dlsym_for_next();
 
 namespace spillway::interpose {
-namespace {
 
-using DlsymFn = void* (*)(void*, const char*);
-
-// dlsym itself: the versioned glibc symbol, found with dlvsym so that it is never our own
-// (dlsym_entry.cpp, uninstrumented, caches it).
 DlsymFn real_dlsym() { return reinterpret_cast<DlsymFn>(spillway_real_dlsym_for_next()); }
+
+namespace {
 
 enum class Library { driver, runtime };
 

@@ -51,6 +51,11 @@ bool hooks_active();
 // Logs once and turns the shim into a pass-through for the rest of the process.
 void internal_failure(const char* where) noexcept;
 
+// glibc's dlsym itself (the versioned symbol, never the shim's own export; dlsym_entry.cpp
+// finds and caches it): the shim's own look-ups go through it. Thread-safe.
+using DlsymFn = void* (*)(void*, const char*);
+DlsymFn real_dlsym();
+
 // True if the calling thread's stack passes through a library named in SPILLWAY_EXCLUDE.
 bool allocation_excluded();
 

@@ -127,21 +127,18 @@ bool parse_disable(Config& c, std::string_view value, const Names&) {
   return true;
 }
 
-bool parse_suballocator(Config& c, std::string_view value, const Names&) {
+// "on"/"1" or "off"/"0" (any case, trimmed) into *out; false for anything else.
+bool parse_on_off(std::string_view value, bool* out) {
   std::string v = lower(trimmed(value));
-  if (v == "on" || v == "1") c.suballocator = true;
-  else if (v == "off" || v == "0") c.suballocator = false;
+  if (v == "on" || v == "1") *out = true;
+  else if (v == "off" || v == "0") *out = false;
   else return false;
   return true;
 }
 
-bool parse_fault_feedback(Config& c, std::string_view value, const Names&) {
-  std::string v = lower(trimmed(value));
-  if (v == "on" || v == "1") c.fault_feedback = true;
-  else if (v == "off" || v == "0") c.fault_feedback = false;
-  else return false;
-  return true;
-}
+bool parse_suballocator(Config& c, std::string_view value, const Names&) { return parse_on_off(value, &c.suballocator); }
+
+bool parse_fault_feedback(Config& c, std::string_view value, const Names&) { return parse_on_off(value, &c.fault_feedback); }
 
 bool parse_framework_allocator(Config& c, std::string_view value, const Names&) {
   std::string v = lower(trimmed(value));
