@@ -137,6 +137,7 @@ struct SimCommands::Options {
   std::optional<std::uint32_t> fault_batch_size;
   std::string fault_granularity;
   std::string fault_feedback = "on";
+  std::string state_memory;
   // replay
   std::string replay_trace, replay_policy, replay_capacity;
 
@@ -153,6 +154,8 @@ struct SimCommands::Options {
     cmd->add_option("--fault-feedback", fault_feedback,
                     "on or off: report each kernel's faults to the policy, as CUPTI does in the shim (learned learns the "
                     "extents of pointers into segments from them) [on]");
+    cmd->add_option("--state-memory", state_memory,
+                    "the policy's state budget, as SPILLWAY_STATE_MEMORY in the shim: a size, or 'unlimited' [256MiB]");
   }
 
   sim::SimParams params() const {
@@ -187,6 +190,13 @@ struct SimCommands::Options {
     if (fault_feedback == "on") p.fault_feedback = true;
     else if (fault_feedback == "off") p.fault_feedback = false;
     else throw UsageError{fmt::format("invalid --fault-feedback '{}': expected on or off", fault_feedback)};
+    if (state_memory == "unlimited") {
+      p.state_memory_bytes = UINT64_MAX;
+    } else if (!state_memory.empty()) {
+      auto b = parse_size(state_memory);
+      if (!b || *b < (16ull << 20)) throw UsageError{fmt::format("invalid --state-memory '{}': a size of at least 16MiB, or unlimited", state_memory)};
+      p.state_memory_bytes = *b;
+    }
     return p;
   }
 };

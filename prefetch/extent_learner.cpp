@@ -4,6 +4,8 @@
 #include <functional>
 #include <string_view>
 
+#include "spillway/state_bytes.h"
+
 namespace spillway {
 
 std::uint64_t ExtentLearner::signature_of(std::uint64_t name_hash, std::uint32_t rank) {
@@ -18,11 +20,21 @@ std::uint32_t ExtentLearner::extent_chunks(std::uint64_t ptr) const {
   return it == by_pointer_.end() ? 0 : it->second;
 }
 
+std::uint64_t ExtentLearner::state_bytes() const {
+  return hash_heap_bytes(by_pointer_) + hash_heap_bytes(by_signature_) + hash_heap_bytes(recent_at_) +
+         (ranges_.size() * sizeof(Range) + recent_.size() * sizeof(Recent)) * 9 / 8 + vector_heap_bytes(out_);
+}
+
+void ExtentLearner::limit_state(std::uint64_t bytes) {
+  const std::uint64_t entry = heap_block_bytes(sizeof(decltype(by_pointer_)::value_type) + 2 * sizeof(void*)) + sizeof(void*);
+  max_extents_ = static_cast<std::size_t>(std::clamp<std::uint64_t>(bytes / 2 / entry, 1024, kMaxExtents));
+}
+
 std::span<const Access> ExtentLearner::refine(const Launch& launch) {
   const auto inferred = [](const Access& a) { return a.inferred && a.bytes > 0 && a.block_end > a.addr; };
   if (std::none_of(launch.accesses.begin(), launch.accesses.end(), inferred)) return launch.accesses;
-  if (by_pointer_.size() >= kMaxExtents) by_pointer_.clear();
-  if (by_signature_.size() >= kMaxExtents) by_signature_.clear();
+  if (by_pointer_.size() >= max_extents_) by_pointer_.clear();
+  if (by_signature_.size() >= max_extents_) by_signature_.clear();
   bool changed = false;
   const std::uint64_t name_hash = std::hash<std::string_view>{}(launch.name);
   out_.assign(launch.accesses.begin(), launch.accesses.end());

@@ -62,6 +62,12 @@ class ExtentLearner {
   // The learned extent of pointer `ptr`, in chunks from its chunk (0: nothing learned).
   std::uint32_t extent_chunks(std::uint64_t ptr) const;
 
+  // Heap bytes held (spillway/state_bytes.h). O(1).
+  std::uint64_t state_bytes() const;
+  // The most the extents may hold, in bytes: the pointer and signature tables are each kept
+  // to half of it (at least 1024 entries, at most kMaxExtents), forgotten whole when full.
+  void limit_state(std::uint64_t bytes);
+
  private:
   static std::uint64_t signature_of(std::uint64_t name_hash, std::uint32_t rank);
   struct Range {  // an inferred range of a recent launch
@@ -80,6 +86,7 @@ class ExtentLearner {
   std::unordered_map<std::uint64_t, std::size_t> recent_at_;  // seq -> absolute index in recent_
   std::uint64_t recent_base_ = 0;
   std::vector<Access> out_;
+  std::size_t max_extents_ = kMaxExtents;
   std::uint64_t widened_ = 0, past_guess_ = 0, refined_ = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <functional>
 #include <string_view>
 
+#include "spillway/state_bytes.h"
 #include "victim_scan.h"
 
 namespace spillway {
@@ -189,6 +190,7 @@ std::uint64_t LearnedPolicy::dur_of(std::uint64_t exec_id) const {
 std::uint32_t LearnedPolicy::append(const Launch& launch, IdInfo** id_out) {
   IdInfo& id = ids_[launch.exec_id];
   *id_out = &id;
+  if (!replaying_ && id.seen < UINT32_MAX) ++id.seen;
   if (launch.dur_ns > 0) {
     // EWMA, weight 1/4 to the newest sample
     id.dur_ns = id.dur_ns == 0 ? launch.dur_ns : (3 * id.dur_ns + launch.dur_ns) / 4;
@@ -256,17 +258,108 @@ std::uint32_t LearnedPolicy::locate(std::uint32_t n, IdInfo& id) {
   return found;
 }
 
-void LearnedPolicy::compact() {
-  // Keep the newer half of the log; rebuild the links and the maps over it.
-  const std::uint32_t keep_from = static_cast<std::uint32_t>(log_.size() / 2);
-  std::vector<Entry> old_log;
-  std::vector<Touch> old_touches;
+// ---- bounded state (issue 17) ----
+
+std::uint64_t LearnedPolicy::entry_bytes(std::uint64_t touches) {
+  using CtxNode = std::pair<const std::uint64_t, std::uint32_t>;
+  return sizeof(Entry) + sizeof(std::uint64_t) + touches * sizeof(Touch) + heap_block_bytes(sizeof(CtxNode) + 2 * sizeof(void*));
+}
+
+std::uint64_t LearnedPolicy::history_bytes() const {
+  return log_.bytes() + touches_.bytes() + prefix_.bytes() + hash_heap_bytes(ctx_pos_);
+}
+
+std::uint64_t LearnedPolicy::other_bytes() const {
+  using Page = ChunkPages<ChunkInfo, 9>::Page;
+  return chunks_.pages() * (heap_block_bytes(sizeof(Page)) + heap_block_bytes(4 * sizeof(void*))) +
+         hash_heap_bytes(ids_) + hash_heap_bytes(names_) + sigs_.size() * sizeof(std::uint32_t) + vector_heap_bytes(sigs_) +
+         tree_heap_bytes<RankedSet>(resident_.size() + spare_nodes_.size()) + vector_heap_bytes(spare_nodes_) +
+         walked_.size() * sizeof(walked_.front()) * 9 / 8 + vector_heap_bytes(recent_) + vector_heap_bytes(precision_) +
+         vector_heap_bytes(missing_) + vector_heap_bytes(touched_) + vector_heap_bytes(deferred_) + extents_.state_bytes();
+}
+
+std::uint64_t LearnedPolicy::state_bytes() const { return history_bytes() + other_bytes(); }
+
+void LearnedPolicy::limit_state(std::uint64_t bytes) {
+  state_limit_ = bytes;
+  extents_.limit_state(bytes / 8);
+}
+
+void LearnedPolicy::make_room(std::uint64_t touches) {
+  std::uint64_t keep_bytes = UINT64_MAX, keep_entries = UINT64_MAX, keep_touches = UINT64_MAX;
+  bool compact_now = false;
+  if (log_.size() >= p_.max_log) {
+    keep_entries = p_.max_log / 2;
+    compact_now = true;
+  }
+  if (touches_.size() + touches >= kNone) {  // 32-bit touch indices
+    keep_touches = kNone / 2;
+    compact_now = true;
+  }
+  if (state_limit_ != UINT64_MAX) {
+    // A compaction holds the old history and the part it keeps at once: the history may
+    // grow to 2/3 of what the rest of the state leaves of the limit, and keeps 1/3 (so
+    // compactions are at least a third of the history apart: amortised, each touch is copied
+    // about twice). At least 1 MiB of history, whatever the limit.
+    const std::uint64_t other = other_bytes();
+    const std::uint64_t room = std::max<std::uint64_t>(state_limit_ > other ? state_limit_ - other : 0, 3u << 20) / 3;
+    if (history_bytes() + entry_bytes(touches) > 2 * room) {
+      keep_bytes = room;
+      compact_now = true;
+    }
+  }
+  if (compact_now) compact(keep_bytes, keep_entries, keep_touches);
+}
+
+void LearnedPolicy::compact(std::uint64_t keep_bytes, std::uint64_t keep_entries, std::uint64_t keep_touches) {
+  ++compactions_;
+  const std::uint64_t mark = compactions_;
+  const auto share = [&](std::uint64_t total, double part) {
+    return total == UINT64_MAX ? UINT64_MAX : static_cast<std::uint64_t>(static_cast<double>(total) * part);
+  };
+  const double recurring = std::clamp(p_.recurring_share, 0.0, 1.0);
+  // 1. The newest history (what predicts the launches about to come): entries from the end,
+  // within the newest part's share of each bound.
+  std::uint64_t bytes = 0, entries = 0, touches = 0;
+  std::uint32_t keep_from = static_cast<std::uint32_t>(log_.size());
+  {
+    const std::uint64_t b = share(keep_bytes, 1 - recurring), n = share(keep_entries, 1 - recurring), t = share(keep_touches, 1 - recurring);
+    while (keep_from > 0) {
+      const Entry& e = log_[keep_from - 1];
+      const std::uint64_t nt = e.touch_end - e.touch_begin;
+      if (bytes + entry_bytes(nt) > b || entries + 1 > n || touches + nt > t) break;
+      bytes += entry_bytes(nt), ++entries, touches += nt;
+      --keep_from;
+      ids_[e.exec_id].mark = mark;
+    }
+  }
+  // 2. Before it, one copy (the latest) of each id seen at least twice that the newest part
+  // lacks: a phase that recurs further apart than the budget holds (an evaluation pass, a
+  // checkpoint) is still recognised, and what followed it predicted, the next time it comes.
+  // Ids seen once (e.g. decode steps into new addresses) are not kept. Newest first, until
+  // the whole share is used.
+  std::vector<std::uint32_t> recurring_kept;
+  for (std::uint32_t i = keep_from; i-- > 0;) {
+    const Entry& e = log_[i];
+    IdInfo& id = ids_[e.exec_id];
+    if (id.mark == mark || id.seen < 2) continue;
+    const std::uint64_t nt = e.touch_end - e.touch_begin;
+    if (bytes + entry_bytes(nt) > keep_bytes || entries + 1 > keep_entries || touches + nt > keep_touches) break;
+    bytes += entry_bytes(nt), ++entries, touches += nt;
+    id.mark = mark;
+    recurring_kept.push_back(i);
+  }
+  std::reverse(recurring_kept.begin(), recurring_kept.end());
+  // 3. Rebuild the links and the maps over the kept entries, in their order.
+  PagedVector<Entry> old_log;
+  PagedVector<Touch> old_touches;
   old_log.swap(log_);
   old_touches.swap(touches_);
   chunks_.for_each_slot([](ChunkInfo& info) { info.last_touch = kNone; });
   ctx_pos_.clear();
   for (auto& [exec_id, id] : ids_) id.last = kNone;
-  prefix_.assign(1, 0);
+  prefix_.clear();
+  prefix_.push_back(0);
   const std::uint64_t recent_saved = recent_count_, hits_saved = hits_, resyncs_saved = resyncs_;
   const std::uint32_t match_saved = match_;
   match_ = kNone;  // old indices: the rebuild only refills the maps
@@ -274,7 +367,7 @@ void LearnedPolicy::compact() {
   recent_count_ = 0;
   std::vector<Access> acc;
   replaying_ = true;
-  for (std::uint32_t i = keep_from; i < old_log.size(); ++i) {
+  const auto replay = [&](std::uint32_t i) {
     const Entry& e = old_log[i];
     acc.clear();
     for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) acc.push_back(Access{old_touches[t].chunk * kChunkBytes, kChunkBytes, false});
@@ -287,16 +380,21 @@ void LearnedPolicy::compact() {
     for (std::uint32_t t = log_[n].touch_begin, o = e.touch_begin; t < log_[n].touch_end && o < e.touch_end; ++t, ++o) {
       touches_[t].fresh = old_touches[o].fresh;
     }
-  }
+  };
+  for (std::uint32_t i : recurring_kept) replay(i);
+  for (std::uint32_t i = keep_from; i < old_log.size(); ++i) replay(i);
   replaying_ = false;
-  // Ids of the forgotten half alone go with it (their durations too: a program whose ids do
-  // not recur, e.g. decoding into new addresses, would otherwise grow the table forever).
+  old_log.clear();
+  old_touches.clear();
+  // Ids the kept entries lack go (their durations too: a program whose ids do not recur,
+  // e.g. decoding into new addresses, would otherwise grow the table forever).
   std::erase_if(ids_, [](const auto& kv) { return kv.second.last == kNone; });
   recent_count_ = recent_saved;
   recent_ = recent_saved_ids;
   hits_ = hits_saved;
   resyncs_ = resyncs_saved;
-  auto shift = [&](std::uint32_t x) { return x == kNone || x < keep_from ? kNone : x - keep_from; };
+  const std::uint32_t moved_by = static_cast<std::uint32_t>(recurring_kept.size());
+  auto shift = [&](std::uint32_t x) { return x == kNone || x < keep_from ? kNone : x - keep_from + moved_by; };
   match_ = shift(match_saved);
   anchor_ = shift(anchor_);
 }
@@ -327,7 +425,11 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   prev_remote_ = false;
   prev_dur_ = launch.dur_ns > 0 ? launch.dur_ns : dur_of(launch.exec_id);
   stamp_ += 4;
-  if (log_.size() >= p_.max_log) compact();
+  {
+    std::uint64_t chunks = 0;  // the touches this launch adds, at most
+    for (const Access& a : launch.accesses) chunks += a.bytes == 0 ? 0 : chunk_of(a.addr + a.bytes - 1) - chunk_of(a.addr) + 1;
+    make_room(chunks);
+  }
   IdInfo* id = nullptr;
   const std::uint32_t n = append(launch, &id);
   const std::uint32_t found = locate(n, *id);

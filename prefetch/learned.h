@@ -29,6 +29,7 @@
 
 #include "extent_learner.h"
 #include "spillway/chunk_pages.h"
+#include "spillway/paged_vector.h"
 #include "spillway/policy.h"
 
 namespace spillway {
@@ -88,10 +89,16 @@ struct LearnedParams {
   // that waits little has link time to spare for prefetching far ahead. 1/2: waiting for
   // data more than computing.
   double max_waiting = 0.5;
-  // History kept, in launches; beyond it the older half is forgotten (memory bound), with
-  // the execution ids only that half held. 2^20 launches hold hundreds of training steps of
-  // the largest traces we know.
+  // History kept, in launches, whatever its bytes; beyond it the history is compacted as when
+  // it outgrows its share of the state budget (limit_state()). 2^20 launches hold hundreds
+  // of training steps of the largest traces we know.
   std::uint32_t max_log = 1u << 20;
+  // Of the history a compaction keeps, the share given to one copy of each execution id seen
+  // at least twice whose latest occurrence falls before the newest part kept (a phase that
+  // recurs less often than the budget holds, such as an evaluation every few hundred steps):
+  // at most 1/4, so that the newest history, which predicts the launches about to come,
+  // keeps most of it.
+  double recurring_share = 0.25;
 };
 
 class LearnedPolicy final : public Policy {
@@ -111,6 +118,12 @@ class LearnedPolicy final : public Policy {
   void on_faults(std::span<const FaultRecord> faults) override { extents_.observe(faults); }
   std::span<const Access> refine_footprint(const Launch& launch) override { return extents_.refine(launch); }
   const ExtentLearner& extents() const { return extents_; }
+  // Bounded state (issue 17): the history is compacted so that the policy's state stays
+  // below `bytes` (see compact()); the extents get 1/8 of it.
+  std::uint64_t state_bytes() const override;
+  void limit_state(std::uint64_t bytes) override;
+  std::uint64_t compactions() const { return compactions_; }
+  std::size_t history_launches() const { return log_.size(); }
 
   // Introspection for tests and reports.
   std::uint64_t hits() const { return hits_; }      // launches that matched the prediction
@@ -177,6 +190,8 @@ class LearnedPolicy final : public Policy {
   // (compact()).
   struct IdInfo {
     std::uint32_t last = kNone;  // its last entry in log_
+    std::uint32_t seen = 0;      // occurrences (saturating): a recurring id is kept by compact()
+    std::uint64_t mark = 0;      // compact(): compactions_ + 1 once the kept part holds it
     std::uint64_t dur_ns = 0;    // learned duration (EWMA), 0: never timed
     std::vector<std::uint32_t>* sigs = nullptr;  // its kernel's signatures by argument position (in names_)
   };
@@ -184,7 +199,17 @@ class LearnedPolicy final : public Policy {
 
   std::uint32_t append(const Launch& launch, IdInfo** id);
   std::uint32_t locate(std::uint32_t n, IdInfo& id);
-  void compact();
+  // The history's bytes (log_, touches_, prefix_, ctx_pos_) and the rest of the state's.
+  std::uint64_t history_bytes() const;
+  std::uint64_t other_bytes() const;
+  // Heap bytes one more entry with `touches` chunk touches takes at most.
+  static std::uint64_t entry_bytes(std::uint64_t touches);
+  // Makes room before a launch with `touches` chunk touches is appended, if the history
+  // would outgrow max_log, the 32-bit touch indices or its share of the budget.
+  void make_room(std::uint64_t touches);
+  // Forgets the history but (1) the newest entries and (2) one copy of each recurring id
+  // older than those, within `keep_bytes` (entry_bytes()), `keep_entries` and `keep_touches`.
+  void compact(std::uint64_t keep_bytes, std::uint64_t keep_entries, std::uint64_t keep_touches);
   void set_next_use(ChunkInfo& info, std::uint64_t nu);
   std::uint32_t signature(std::vector<std::uint32_t>& by_position, std::uint32_t position);
   std::uint64_t guess_next_use(const ChunkInfo& info) const;
@@ -195,9 +220,12 @@ class LearnedPolicy final : public Policy {
 
   LearnedParams p_;
   ExtentLearner extents_;
-  std::vector<Entry> log_;
-  std::vector<Touch> touches_;
-  std::vector<std::uint64_t> prefix_;  // prefix_[i]: predicted duration of entries [0, i), ns
+  // The history, in pages (paged_vector.h: it grows a page at a time, never doubling).
+  PagedVector<Entry> log_;
+  PagedVector<Touch> touches_;
+  PagedVector<std::uint64_t> prefix_;  // prefix_[i]: predicted duration of entries [0, i), ns
+  std::uint64_t state_limit_ = UINT64_MAX;  // limit_state()
+  std::uint64_t compactions_ = 0;
   // Records by chunk, 512 (1 GiB of address space) to a page; never freed, so a record's
   // address is stable (Touch::info, RankedSet).
   ChunkPages<ChunkInfo, 9> chunks_;

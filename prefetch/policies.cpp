@@ -1,6 +1,7 @@
 #include "policies.h"
 
 #include "learned.h"
+#include "spillway/state_bytes.h"
 #include "victim_scan.h"
 
 #include <algorithm>
@@ -29,17 +30,51 @@ void SequentialPolicy::on_launch(const Launch& launch, Actions& actions) {
   }
   last_seen_[launch.exec_id] = pos;
   log_.push_back(Entry{launch.exec_id, std::vector<Access>(launch.accesses.begin(), launch.accesses.end())});
-  if (log_.size() > max_log_) {
-    log_.pop_front();
-    ++dropped_;
-  }
+  log_bytes_ += entry_bytes(log_.back());
+  if (log_.size() > max_log_) drop_front();
+  while (!log_.empty() && state_bytes() > limit_) drop_front();
+  // Ids whose last occurrence was dropped: forgotten once they are most of the table (an id
+  // that never recurs, e.g. a decode step's, would otherwise stay forever).
+  if (last_seen_.size() > 2 * log_.size() + 1024) std::erase_if(last_seen_, [&](const auto& kv) { return kv.second < dropped_; });
 }
+
+std::uint64_t SequentialPolicy::entry_bytes(const Entry& e) { return sizeof(Entry) + vector_heap_bytes(e.accesses); }
+
+void SequentialPolicy::drop_front() {
+  log_bytes_ -= entry_bytes(log_.front());
+  log_.pop_front();
+  ++dropped_;
+}
+
+std::uint64_t SequentialPolicy::state_bytes() const { return log_bytes_ * 9 / 8 + hash_heap_bytes(last_seen_); }
 
 // ---- correlation (DeepUM) ----
 
+std::uint64_t CorrelationPolicy::state_bytes() const { return hash_heap_bytes(table_) + access_bytes_ + hash_heap_bytes(upcoming_); }
+
+void CorrelationPolicy::forget() {
+  // The upcoming chunks of earlier launches are stale; then the least recently seen half of
+  // the ids (their successors then lead nowhere: the chain walk stops there).
+  std::erase_if(upcoming_, [&](const auto& kv) { return kv.second != stamp_; });
+  if (state_bytes() <= limit_ || table_.size() < 2) return;
+  std::vector<std::uint64_t> seen;
+  seen.reserve(table_.size());
+  for (const auto& [id, r] : table_) seen.push_back(r.seen);
+  std::nth_element(seen.begin(), seen.begin() + static_cast<std::ptrdiff_t>(seen.size() / 2), seen.end());
+  const std::uint64_t median = seen[seen.size() / 2];
+  std::erase_if(table_, [&](const auto& kv) {
+    if (kv.second.seen >= median || kv.first == prev_) return false;
+    access_bytes_ -= vector_heap_bytes(kv.second.accesses);
+    return true;
+  });
+}
+
 void CorrelationPolicy::on_launch(const Launch& launch, Actions& actions) {
   Record& rec = table_[launch.exec_id];
+  access_bytes_ -= vector_heap_bytes(rec.accesses);
   rec.accesses.assign(launch.accesses.begin(), launch.accesses.end());
+  access_bytes_ += vector_heap_bytes(rec.accesses);
+  rec.seen = ++launches_;
   if (has_prev_) {
     Record& prev = table_[prev_];
     prev.next = launch.exec_id;
@@ -62,6 +97,7 @@ void CorrelationPolicy::on_launch(const Launch& launch, Actions& actions) {
       for (ChunkIndex c = chunk_of(a.addr), last = chunk_of(a.addr + a.bytes - 1); c <= last; ++c) upcoming_[c] = stamp_;
     }
   }
+  if (limit_ != UINT64_MAX && state_bytes() > limit_) forget();
 }
 
 bool CorrelationPolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) {

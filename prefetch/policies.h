@@ -41,16 +41,23 @@ class SequentialPolicy final : public Policy {
   std::string_view name() const override { return "sequential"; }
   bool manages_residency() const override { return true; }
   void on_launch(const Launch& launch, Actions& actions) override;
+  // Bounded state (issue 17): the oldest entries go first, and with them the ids only they held.
+  std::uint64_t state_bytes() const override;
+  void limit_state(std::uint64_t bytes) override { limit_ = bytes; }
 
  private:
   struct Entry {
     std::uint64_t exec_id;
     std::vector<Access> accesses;
   };
+  static std::uint64_t entry_bytes(const Entry& e);
+  void drop_front();
   std::size_t depth_, max_log_;
   std::deque<Entry> log_;
   std::uint64_t dropped_ = 0;  // entries dropped from the front of log_
   std::unordered_map<std::uint64_t, std::uint64_t> last_seen_;  // exec id -> absolute log position
+  std::uint64_t log_bytes_ = 0;  // entry_bytes() of log_'s entries
+  std::uint64_t limit_ = UINT64_MAX;
 };
 
 // `correlation`: DeepUM (Jung et al., "DeepUM: Tensor Migration and Prefetching in
@@ -69,14 +76,24 @@ class CorrelationPolicy final : public Policy {
   bool manages_residency() const override { return true; }
   void on_launch(const Launch& launch, Actions& actions) override;
   bool choose_victim(const VictimQuery& query, ChunkIndex* victim) override;
+  // Bounded state (issue 17): past the limit, the records of the ids seen least recently
+  // (half of the table) and the stale entries of the upcoming-chunk map go.
+  std::uint64_t state_bytes() const override;
+  void limit_state(std::uint64_t bytes) override { limit_ = bytes; }
+  std::size_t known_ids() const { return table_.size(); }
 
  private:
   struct Record {
     std::vector<Access> accesses;
     std::uint64_t next = 0;   // most recent successor id
     bool has_next = false;
+    std::uint64_t seen = 0;   // the launch count when it was last seen
   };
+  void forget();
   std::size_t degree_;
+  std::uint64_t limit_ = UINT64_MAX;
+  std::uint64_t access_bytes_ = 0;  // the records' access vectors
+  std::uint64_t launches_ = 0;
   std::unordered_map<std::uint64_t, Record> table_;
   std::uint64_t prev_ = 0;
   bool has_prev_ = false;

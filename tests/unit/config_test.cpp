@@ -34,6 +34,7 @@ const std::map<std::string, Sample>& samples() {
       {"SPILLWAY_SUBALLOCATOR", {"off", "sometimes"}},
       {"SPILLWAY_FRAMEWORK_ALLOCATOR", {"keep", "pytorch"}},
       {"SPILLWAY_FAULT_FEEDBACK", {"off", "cupti"}},
+      {"SPILLWAY_STATE_MEMORY", {"1GiB", "8MiB"}},
   };
   return s;
 }
@@ -50,7 +51,7 @@ std::string describe(const Config& c) {
   out += " log=" + std::to_string(static_cast<int>(c.log_level));
   out += " report=" + c.report_path + " trace=" + c.trace_path + " disable=" + std::to_string(c.disable);
   out += " suballocator=" + std::to_string(c.suballocator) + " framework_per_tensor=" + std::to_string(c.framework_per_tensor) +
-         " fault_feedback=" + std::to_string(c.fault_feedback);
+         " fault_feedback=" + std::to_string(c.fault_feedback) + " state_memory=" + std::to_string(c.state_memory);
   return out;
 }
 

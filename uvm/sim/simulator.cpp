@@ -60,6 +60,7 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   config.budget = SizeSetting{capacity_chunks * kChunkBytes, 0.0, false};
   config.max_managed = SizeSetting{~0ull >> 2, 0.0, false};
   config.log_level = LogLevel::error;
+  config.state_memory = params.state_memory_bytes;
   config.suballocator = false;  // (the trace was placed at compilation: the `spillway` view carved it with the same sub-allocator)
   Engine engine(config, backend, std::move(policy));
 

@@ -1,5 +1,7 @@
 #include "spillway/allocation_table.h"
 
+#include "spillway/state_bytes.h"
+
 #include <iterator>
 #include <mutex>
 
@@ -121,6 +123,12 @@ std::size_t AllocationTable::size() const {
 std::uint64_t AllocationTable::bytes() const {
   std::shared_lock lock(mutex_);
   return bytes_;
+}
+
+std::uint64_t AllocationTable::state_bytes() const {
+  std::shared_lock lock(mutex_);
+  return tree_heap_bytes<decltype(blocks_)>(blocks_.size()) +
+         index_.pages() * (heap_block_bytes(sizeof(Index::Page)) + heap_block_bytes(4 * sizeof(void*)));
 }
 
 }  // namespace spillway

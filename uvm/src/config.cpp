@@ -138,6 +138,13 @@ bool parse_on_off(std::string_view value, bool* out) {
 
 bool parse_suballocator(Config& c, std::string_view value, const Names&) { return parse_on_off(value, &c.suballocator); }
 
+bool parse_state_memory(Config& c, std::string_view value, const Names&) {
+  auto n = parse_size(trimmed(value));
+  if (!n || *n < (16ull << 20)) return false;
+  c.state_memory = *n;
+  return true;
+}
+
 bool parse_fault_feedback(Config& c, std::string_view value, const Names&) { return parse_on_off(value, &c.fault_feedback); }
 
 bool parse_framework_allocator(Config& c, std::string_view value, const Names&) {

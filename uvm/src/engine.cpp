@@ -10,6 +10,7 @@
 #include "spillway/chunk_pages.h"
 #include "spillway/log.h"
 #include "spillway/size.h"
+#include "spillway/state_bytes.h"
 
 namespace spillway {
 
@@ -119,6 +120,13 @@ class Engine::Residency final : public VictimQuery {
       }
     }
     return false;
+  }
+  // Heap bytes held (spillway/state_bytes.h).
+  std::uint64_t state_bytes() const {
+    std::uint64_t held = 0;
+    for (const auto& f : in_flight) held += vector_heap_bytes(f.second);
+    return index_.pages() * (heap_block_bytes(sizeof(Index::Page)) + heap_block_bytes(4 * sizeof(void*))) +
+           vector_heap_bytes(nodes_) + vector_heap_bytes(free_) + vector_heap_bytes(in_flight) + held;
   }
 
  private:
@@ -291,6 +299,34 @@ Engine::Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy)
   policy_sees_allocations_ = policy_->sees_allocations();
   policy_manages_residency_ = policy_->manages_residency();
   wants_faults_ = policy_->wants_faults() && config_.fault_feedback;
+  counters_.state_budget_bytes = config_.state_memory;
+  policy_->limit_state(config_.state_memory);
+}
+
+std::uint64_t Engine::own_state_bytes_locked() const {
+  return table_.state_bytes() + residency_->state_bytes() + vector_heap_bytes(pending_) +
+         vector_heap_bytes(missing_scratch_) + vector_heap_bytes(faults_scratch_) + sub_state_bytes_.load(std::memory_order_relaxed);
+}
+
+void Engine::account_state_locked() {
+  // The Engine's tables change with allocations, not launches: re-read every 64 launches
+  // (the sub-allocator's only when its lock is free: never wait for it here).
+  if ((counters_.launches & 63) == 1) {
+    if (std::unique_lock sub(sub_mutex_, std::try_to_lock); sub.owns_lock()) sub_state_bytes_.store(sub_.state_bytes(), std::memory_order_relaxed);
+    own_state_bytes_ = own_state_bytes_locked();
+    // The policy gets what the tables leave, and at least a quarter of the budget.
+    const std::uint64_t budget = config_.state_memory;
+    policy_->limit_state(std::max(budget > own_state_bytes_ ? budget - own_state_bytes_ : 0, budget / 4));
+  }
+  const std::uint64_t now = own_state_bytes_ + policy_->state_bytes();
+  if (now > counters_.state_peak_bytes) {
+    counters_.state_peak_bytes = now;
+    if (now > config_.state_memory && !state_over_logged_) {
+      state_over_logged_ = true;
+      log(LogLevel::warn, "Spillway's own state takes {} of host memory, over SPILLWAY_STATE_MEMORY={} ({} in the Engine's tables for {} live blocks)",
+          format_bytes(now), format_bytes(config_.state_memory), format_bytes(own_state_bytes_), table_.size());
+    }
+  }
 }
 
 Engine::~Engine() = default;
@@ -790,6 +826,7 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
       }
     }
     policy_->on_launch(refined, actions);
+    account_state_locked();
     planned = policy_->manages_residency();
     if (planned) {
       std::vector<ChunkIndex> held;  // the launch's resident chunks, held while it is in flight
@@ -1099,6 +1136,10 @@ Stats Engine::stats_locked() const {
   else if (!policy_->wants_faults()) s.fault_feedback = "off: policy " + std::string(policy_->name()) + " does not use it";
   else s.fault_feedback = backend_.fault_feedback_state();
   if (wants_faults_) backend_.migrated_bytes(&s.migrated_to_gpu_bytes, &s.migrated_to_host_bytes);
+  // (The tables as last read: reading them takes the allocation table's lock, which an
+  // exit-time report must not wait for.)
+  s.state_bytes = own_state_bytes_ + policy_->state_bytes();
+  s.state_peak_bytes = std::max(s.state_peak_bytes, s.state_bytes);
   return s;
 }
 

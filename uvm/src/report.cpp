@@ -32,6 +32,7 @@ std::string stats_table(const Stats& s) {
                             : fmt::format("{}: {} faults, {} ranges refined, {} in / {} out migrated", s.fault_feedback,
                                           s.fault_records, s.refined_accesses, format_bytes(s.migrated_to_gpu_bytes),
                                           format_bytes(s.migrated_to_host_bytes)));
+  row("own state (peak / budget)", fmt::format("{} / {}", format_bytes(s.state_peak_bytes), format_bytes(s.state_budget_bytes)));
   if (s.backend_errors) row("driver calls refused", fmt::format("{}", s.backend_errors));
   return out;
 }
@@ -67,6 +68,10 @@ nlohmann::json stats_json(const Stats& s) {
         {"refined_accesses", s.refined_accesses},
         {"migrated_to_gpu", s.migrated_to_gpu_bytes},
         {"migrated_to_host", s.migrated_to_host_bytes}}},
+      {"state_memory",
+       {{"now", s.state_bytes},
+        {"peak", s.state_peak_bytes},
+        {"budget", s.state_budget_bytes}}},
       {"advise_calls", s.advise_calls},
       {"driver_calls_refused", s.backend_errors},
   };

@@ -1,5 +1,7 @@
 #include "spillway/sub_allocator.h"
 
+#include "spillway/state_bytes.h"
+
 #include <bit>
 #include <iterator>
 
@@ -213,6 +215,11 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> SubAllocator::take_empty_ra
     it = ranges_.erase(it);
   }
   return out;
+}
+
+std::uint64_t SubAllocator::state_bytes() const {
+  return tree_heap_bytes<decltype(ranges_)>(ranges_.size()) * 3 + vector_heap_bytes(slabs_) + vector_heap_bytes(free_slab_ids_) +
+         slab_of_.pages() * heap_block_bytes(sizeof(decltype(slab_of_)::Page)) + partial_.size() * 8 * 9 / 8;
 }
 
 }  // namespace spillway

@@ -46,6 +46,9 @@ class AllocationTable {
   };
   std::size_t size() const;
   std::uint64_t bytes() const;  // sum of live blocks' bytes
+  // Heap bytes the table holds (spillway/state_bytes.h): one map node per live block and
+  // the chunk index's pages. Takes the shared lock.
+  std::uint64_t state_bytes() const;
 
  private:
   // Chunk index: per 2 MiB chunk, nullptr (no live block overlaps it), the one live block

@@ -30,6 +30,7 @@ struct Config {
   bool suballocator = true;                // SPILLWAY_SUBALLOCATOR
   bool framework_per_tensor = true;        // SPILLWAY_FRAMEWORK_ALLOCATOR: per-tensor (true) or keep
   bool fault_feedback = true;              // SPILLWAY_FAULT_FEEDBACK
+  std::uint64_t state_memory = 256ull << 20;  // SPILLWAY_STATE_MEMORY, bytes
   std::vector<std::string> exclude{"libnccl"};
   ReportMemory report_memory = ReportMemory::physical;
   LogLevel log_level = LogLevel::warn;

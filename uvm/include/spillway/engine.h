@@ -58,6 +58,10 @@ struct Stats {
   std::uint64_t migrated_to_gpu_bytes = 0;    // bytes the driver migrated toward the GPU, as the feedback reports them
   std::uint64_t migrated_to_host_bytes = 0;   // ... and toward the host (0 without feedback)
   std::string fault_feedback = "off";         // Backend::fault_feedback_state(), or "off: ..." (config, policy)
+  std::uint64_t state_bytes = 0;              // heap bytes of Spillway's own state now: the policy's and the
+                                              // Engine's tables (spillway/state_bytes.h estimates)
+  std::uint64_t state_peak_bytes = 0;         // ... their peak, read after every launch
+  std::uint64_t state_budget_bytes = 0;       // SPILLWAY_STATE_MEMORY
   std::string policy;
 };
 
@@ -372,6 +376,14 @@ class Engine {
   // plan_launch: the launch's chunks not resident, with their access's index; guarded by mutex_
   std::vector<std::pair<ChunkIndex, std::size_t>> missing_scratch_;
   std::vector<FaultRecord> faults_scratch_;  // run_launch: the Backend's fault records; guarded by mutex_
+  // Bounded state (issue 17, SPILLWAY_STATE_MEMORY): the Engine's own tables' heap bytes as
+  // last read, and the sub-allocator's; guarded by mutex_ (sub_state_bytes_: written with
+  // sub_mutex_ held too).
+  std::uint64_t own_state_bytes_locked() const;
+  void account_state_locked();  // after each launch's on_launch(): the peak, the policy's limit
+  std::uint64_t own_state_bytes_ = 0;
+  std::atomic<std::uint64_t> sub_state_bytes_{0};
+  bool state_over_logged_ = false;
 };
 
 }  // namespace spillway

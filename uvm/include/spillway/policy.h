@@ -123,6 +123,18 @@ class Policy {
   // corrected by the faults earlier launches took). The span must stay valid until the
   // next call. Default: unchanged.
   virtual std::span<const Access> refine_footprint(const Launch& launch) { return launch.accesses; }
+
+  // --- bounded state (issue 17) ---
+
+  // Heap bytes the policy's state holds now: its history, per-chunk and per-kernel records
+  // (estimated from its containers' sizes and capacities, spillway/state_bytes.h). O(1).
+  virtual std::uint64_t state_bytes() const { return 0; }
+  // The most the policy's state may hold from now on, in bytes (the Engine passes
+  // SPILLWAY_STATE_MEMORY less its own tables, before every launch). A policy whose state
+  // grows with the run forgets its oldest history to stay below it; records it cannot drop
+  // (one per chunk of address space in use, one per kernel argument position) may exceed
+  // it, which the report's peak then shows. Default: no state to bound.
+  virtual void limit_state(std::uint64_t bytes) { (void)bytes; }
 };
 
 // The policies the shim accepts, by name (prefetch/policies.cpp). The simulator-only

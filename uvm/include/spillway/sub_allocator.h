@@ -78,6 +78,9 @@ class SubAllocator {
   std::uint64_t range_bytes() const { return range_total_; }
   std::uint64_t allocated_bytes() const { return allocated_; }  // footprints of live blocks
   std::size_t ranges() const { return ranges_.size(); }
+  // Heap bytes its tables hold (spillway/state_bytes.h; the free runs estimated as two map
+  // nodes per range).
+  std::uint64_t state_bytes() const;
 
  private:
   struct Range {

@@ -55,6 +55,10 @@ struct SimParams {
   // on (Backend::take_faults), as CUPTI's GPU page-fault records do in the shim, so a policy
   // that learns from faults (learned) sees them. `spillway sweep/replay --fault-feedback`.
   bool fault_feedback = true;
+  // The policy's state budget, as SPILLWAY_STATE_MEMORY in the shim (issue 17): the same
+  // default, so the simulated policy forgets what the shim's would. UINT64_MAX: unbounded.
+  // `spillway sweep/replay --state-memory`.
+  std::uint64_t state_memory_bytes = 256ull << 20;
 };
 
 // Defaults: pcie5, the figures above, capacity 0 (to be set).

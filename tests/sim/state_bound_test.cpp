@@ -1,0 +1,160 @@
+// The shim's own memory is bounded at any run length (issue 17 item 1): a training loop of
+// ten million launches goes through the Engine with `learned` (and the other policies that
+// keep a history) under SPILLWAY_STATE_MEMORY, and the decisions of the last step are those
+// of a run that keeps everything. The bound is checked twice: against the Engine's own
+// figure (Stats::state_peak_bytes) and against the real heap (glibc's mallinfo2, or the
+// sanitizer's allocator), so the estimate cannot drift from what is really held.
+#include <gtest/gtest.h>
+#include <malloc.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "instant_backend.h"
+#include "learned.h"
+#include "policies.h"
+#include "spillway/engine.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#include <sanitizer/allocator_interface.h>
+#define SPILLWAY_SANITIZED 1
+#endif
+
+namespace spillway {
+namespace {
+
+// Heap bytes the process holds now.
+std::uint64_t heap_in_use() {
+#ifdef SPILLWAY_SANITIZED
+  return __sanitizer_get_current_allocated_bytes();
+#else
+  return mallinfo2().uordblks + mallinfo2().hblkhd;
+#endif
+}
+
+// 10^7 launches in the plain build; the sanitizers' builds run 10^6 (ten times slower
+// each, and the unbounded reference holds a gigabyte at 10^7).
+#ifdef SPILLWAY_SANITIZED
+constexpr std::uint64_t kLaunches = 1'000'000;
+#else
+constexpr std::uint64_t kLaunches = 10'000'000;
+#endif
+
+// Logs what reaches the driver while `recording`.
+struct Recorder final : test_support::InstantBackend {
+  using InstantBackend::InstantBackend;
+  bool recording = false;
+  std::vector<std::string> calls;
+  Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) override {
+    if (recording) calls.push_back((to == Location::gpu ? "fetch " : "evict ") + std::to_string(addr) + " " + std::to_string(bytes));
+    return {};
+  }
+  Result advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int) override {
+    if (recording) {
+      calls.push_back("advise " + std::to_string(addr) + " " + std::to_string(bytes) + " " + std::to_string(static_cast<int>(advice)) +
+                      " " + std::to_string(static_cast<int>(where)));
+    }
+    return {};
+  }
+};
+
+struct LoopRun {
+  std::vector<std::string> last_step;  // the driver calls of the last step
+  Stats stats;
+  std::uint64_t heap_growth = 0;       // peak heap in use above the start's, sampled
+  std::uint64_t compactions = 0;       // learned's
+};
+
+// A training loop: 24 layers of a 2 MiB weight and a 2 MiB activation, forward (layer i
+// reads its weight and activation i, writes activation i+1) then backward in reverse, 48
+// launches a step, 1 ms each, on a GPU with room for half of it. With `recurring` false,
+// no execution id recurs (as when each decode step's tensors are at new addresses): a table
+// per id then grows with the run unless it is bounded.
+LoopRun run_loop(std::unique_ptr<Policy> policy, std::uint64_t state_memory, std::uint64_t launches, bool recurring = true) {
+  constexpr int kLayers = 24, kPerStep = 2 * kLayers;
+  const LearnedPolicy* learned = dynamic_cast<const LearnedPolicy*>(policy.get());
+  Recorder backend(kLayers * kChunkBytes);
+  Config config;
+  config.log_level = LogLevel::error;
+  config.state_memory = state_memory;
+  const std::uint64_t heap_start = heap_in_use();
+  LoopRun out;
+  {
+    Engine engine(config, backend, std::move(policy));
+    std::vector<std::uint64_t> weight(kLayers), act(kLayers + 1);
+    for (auto& w : weight) EXPECT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, &w).ok());
+    for (auto& a : act) EXPECT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, &a).ok());
+    std::uint64_t now = 0;
+    for (std::uint64_t seq = 0; seq < launches; ++seq) {
+      const int k = static_cast<int>(seq % kPerStep);
+      const int layer = k < kLayers ? k : kPerStep - 1 - k;
+      const Access acc[3] = {{weight[layer], kChunkBytes, false}, {act[layer], kChunkBytes, k >= kLayers}, {act[layer + 1], kChunkBytes, k < kLayers}};
+      Launch l;
+      l.seq = seq;
+      l.name = k < kLayers ? "forward" : "backward";
+      l.exec_id = recurring ? 1000 + static_cast<std::uint64_t>(k) : 1000 + seq;
+      l.accesses = acc;
+      l.dur_ns = 1'000'000;
+      l.now_ns = now += 1'000'000;
+      backend.recording = seq + kPerStep >= launches;
+      engine.launch(l);
+      if ((seq & 0xffff) == 0) out.heap_growth = std::max(out.heap_growth, heap_in_use() - std::min(heap_in_use(), heap_start));
+    }
+    out.heap_growth = std::max(out.heap_growth, heap_in_use() - std::min(heap_in_use(), heap_start));
+    out.stats = engine.stats();
+    if (learned != nullptr) out.compactions = learned->compactions();
+  }
+  out.last_step = std::move(backend.calls);
+  return out;
+}
+
+std::unique_ptr<Policy> unbounded_learned() {
+  LearnedParams lp;
+  lp.max_log = UINT32_MAX;
+  return std::make_unique<LearnedPolicy>(lp);
+}
+
+TEST(StateBound, TenMillionLaunchesOfLearnedStayWithinTheBudgetAndDecideAsAnUnboundedRun) {
+  constexpr std::uint64_t kBudget = 16ull << 20;
+  const LoopRun full = run_loop(unbounded_learned(), UINT64_MAX, kLaunches);
+  const LoopRun bounded = run_loop(make_policy("learned"), kBudget, kLaunches);
+  std::printf("%llu launches: unbounded state %.1f MiB (heap +%.1f MiB); bounded %.2f MiB (heap +%.2f MiB), %llu compactions\n",
+              static_cast<unsigned long long>(kLaunches), full.stats.state_peak_bytes / 1048576.0, full.heap_growth / 1048576.0,
+              bounded.stats.state_peak_bytes / 1048576.0, bounded.heap_growth / 1048576.0, static_cast<unsigned long long>(bounded.compactions));
+  // The reference really kept everything: far more than the budget.
+  EXPECT_GT(full.stats.state_peak_bytes, 4 * kBudget);
+  EXPECT_EQ(full.compactions, 0u);
+  // The bounded run forgot, many times, and stayed within the budget by its own count and
+  // by the heap's.
+  EXPECT_GT(bounded.compactions, 3u);
+  EXPECT_LE(bounded.stats.state_peak_bytes, kBudget);
+  EXPECT_EQ(bounded.stats.state_budget_bytes, kBudget);
+  EXPECT_LE(bounded.heap_growth, kBudget) << "the estimate says " << bounded.stats.state_peak_bytes;
+  // The Engine's figure is an honest estimate: the unbounded run's heap grew by about what it
+  // reported (within a quarter).
+  EXPECT_GT(static_cast<double>(full.heap_growth), 0.75 * static_cast<double>(full.stats.state_peak_bytes));
+  EXPECT_LT(static_cast<double>(full.heap_growth), 1.25 * static_cast<double>(full.stats.state_peak_bytes));
+  // The same decisions in the last step, and there were some (half the loop fits).
+  ASSERT_FALSE(full.last_step.empty());
+  EXPECT_EQ(bounded.last_step, full.last_step);
+  EXPECT_GT(bounded.stats.prefetched_chunks, kLaunches / 4);
+}
+
+// Every policy that keeps a table per execution id, on ids that never recur: unbounded,
+// `correlation` alone would hold 10^6 records here.
+TEST(StateBound, TablesOfIdsThatNeverRecurStayWithinTheBudget) {
+  constexpr std::uint64_t kBudget = 16ull << 20;
+  const LoopRun unbounded = run_loop(make_policy("correlation"), UINT64_MAX, kLaunches / 10, false);
+  EXPECT_GT(unbounded.stats.state_peak_bytes, 4 * kBudget);
+  for (const char* name : {"correlation", "sequential", "learned"}) {
+    const LoopRun bounded = run_loop(make_policy(name), kBudget, kLaunches / 10, false);
+    std::printf("%s, ids that never recur: %.2f MiB (heap +%.2f MiB)\n", name, bounded.stats.state_peak_bytes / 1048576.0, bounded.heap_growth / 1048576.0);
+    EXPECT_LE(bounded.stats.state_peak_bytes, kBudget) << name;
+    EXPECT_LE(bounded.heap_growth, kBudget) << name << ": the estimate says " << bounded.stats.state_peak_bytes;
+  }
+}
+
+}  // namespace
+}  // namespace spillway
