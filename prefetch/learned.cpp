@@ -274,7 +274,7 @@ std::uint64_t LearnedPolicy::other_bytes() const {
   return chunks_.pages() * (heap_block_bytes(sizeof(Page)) + heap_block_bytes(4 * sizeof(void*))) +
          hash_heap_bytes(ids_) + hash_heap_bytes(names_) + sigs_.size() * sizeof(std::uint32_t) + vector_heap_bytes(sigs_) +
          tree_heap_bytes<RankedSet>(resident_.size() + spare_nodes_.size()) + vector_heap_bytes(spare_nodes_) +
-         walked_.size() * sizeof(walked_.front()) * 9 / 8 + vector_heap_bytes(recent_) + vector_heap_bytes(precision_) +
+         walked_.size() * sizeof(walked_.front()) * 9 / 8 + vector_heap_bytes(recent_) + vector_heap_bytes(precision_) + vector_heap_bytes(forgotten_) +
          vector_heap_bytes(missing_) + vector_heap_bytes(touched_) + vector_heap_bytes(deferred_) + extents_.state_bytes();
 }
 
@@ -283,6 +283,22 @@ std::uint64_t LearnedPolicy::state_bytes() const { return history_bytes() + othe
 void LearnedPolicy::limit_state(std::uint64_t bytes) {
   state_limit_ = bytes;
   extents_.limit_state(bytes / 8);
+}
+
+bool LearnedPolicy::was_forgotten(std::uint64_t exec_id) const {
+  const std::uint32_t bit = static_cast<std::uint32_t>(mix(0, exec_id) >> 44);  // 20 bits
+  return (forgotten_[bit / 64] >> (bit % 64) & 1) != 0;
+}
+
+void LearnedPolicy::remember_forgotten(std::uint64_t exec_id) {
+  if (forgotten_count_ >= kForgottenBits / 2) {  // mostly set: it would call every id recurring
+    std::fill(forgotten_.begin(), forgotten_.end(), 0);
+    forgotten_count_ = 0;
+  }
+  const std::uint32_t bit = static_cast<std::uint32_t>(mix(0, exec_id) >> 44);
+  std::uint64_t& word = forgotten_[bit / 64];
+  if ((word >> (bit % 64) & 1) == 0) ++forgotten_count_;
+  word |= std::uint64_t{1} << (bit % 64);
 }
 
 void LearnedPolicy::make_room(std::uint64_t touches) {
@@ -342,7 +358,7 @@ void LearnedPolicy::compact(std::uint64_t keep_bytes, std::uint64_t keep_entries
   for (std::uint32_t i = keep_from; i-- > 0;) {
     const Entry& e = log_[i];
     IdInfo& id = ids_[e.exec_id];
-    if (id.mark == mark || id.seen < 2) continue;
+    if (id.mark == mark || (id.seen < 2 && !was_forgotten(e.exec_id))) continue;
     const std::uint64_t nt = e.touch_end - e.touch_begin;
     if (bytes + entry_bytes(nt) > keep_bytes || entries + 1 > keep_entries || touches + nt > keep_touches) break;
     bytes += entry_bytes(nt), ++entries, touches += nt;
@@ -388,7 +404,11 @@ void LearnedPolicy::compact(std::uint64_t keep_bytes, std::uint64_t keep_entries
   old_touches.clear();
   // Ids the kept entries lack go (their durations too: a program whose ids do not recur,
   // e.g. decoding into new addresses, would otherwise grow the table forever).
-  std::erase_if(ids_, [](const auto& kv) { return kv.second.last == kNone; });
+  std::erase_if(ids_, [&](const auto& kv) {
+    if (kv.second.last != kNone) return false;
+    remember_forgotten(kv.first);
+    return true;
+  });
   recent_count_ = recent_saved;
   recent_ = recent_saved_ids;
   hits_ = hits_saved;

@@ -94,7 +94,8 @@ struct LearnedParams {
   // of training steps of the largest traces we know.
   std::uint32_t max_log = 1u << 20;
   // Of the history a compaction keeps, the share given to one copy of each execution id seen
-  // at least twice whose latest occurrence falls before the newest part kept (a phase that
+  // at least twice (or met again after a compaction forgot it) whose latest occurrence falls
+  // before the newest part kept (a phase that
   // recurs less often than the budget holds, such as an evaluation every few hundred steps):
   // at most 1/4, so that the newest history, which predicts the launches about to come,
   // keeps most of it.
@@ -225,6 +226,13 @@ class LearnedPolicy final : public Policy {
   PagedVector<Touch> touches_;
   PagedVector<std::uint64_t> prefix_;  // prefix_[i]: predicted duration of entries [0, i), ns
   std::uint64_t state_limit_ = UINT64_MAX;  // limit_state()
+  // Ids compact() forgot, hashed to one bit of 2^20 (128 KiB; cleared when half the bits are
+  // set): an id met again after it was forgotten counts as recurring.
+  static constexpr std::uint32_t kForgottenBits = 1u << 20;
+  std::vector<std::uint64_t> forgotten_ = std::vector<std::uint64_t>(kForgottenBits / 64, 0);
+  std::uint32_t forgotten_count_ = 0;
+  bool was_forgotten(std::uint64_t exec_id) const;
+  void remember_forgotten(std::uint64_t exec_id);
   std::uint64_t compactions_ = 0;
   // Records by chunk, 512 (1 GiB of address space) to a page; never freed, so a record's
   // address is stable (Touch::info, RankedSet).

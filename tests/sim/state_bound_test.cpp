@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,60 @@ TEST(StateBound, TablesOfIdsThatNeverRecurStayWithinTheBudget) {
     EXPECT_LE(bounded.stats.state_peak_bytes, kBudget) << name;
     EXPECT_LE(bounded.heap_growth, kBudget) << name << ": the estimate says " << bounded.stats.state_peak_bytes;
   }
+}
+
+// A phase that recurs further apart than the budget's history holds (an evaluation pass of
+// 16 launches every 2 000 training steps, 96 000 launches apart: the 16 MiB budget keeps
+// about 35 000 launches of this loop) is still recognised when it comes again: compaction
+// keeps one copy of each recurring id. Without that share (recurring_share 0) the phase's
+// ids are forgotten and none of its launches is predicted.
+TEST(StateBound, APhaseRecurringFurtherApartThanTheHistoryIsStillPredicted) {
+  constexpr int kLayers = 24, kPerStep = 2 * kLayers, kEval = 16;
+  constexpr std::uint64_t kStepsApart = 2000;
+  auto eval_hits = [&](double recurring_share) {
+    LearnedParams lp;
+    lp.recurring_share = recurring_share;
+    auto owned = std::make_unique<LearnedPolicy>(lp);
+    LearnedPolicy* policy = owned.get();
+    Recorder backend(kLayers * kChunkBytes);
+    Config config;
+    config.log_level = LogLevel::error;
+    config.state_memory = 16ull << 20;
+    Engine engine(config, backend, std::move(owned));
+    std::vector<std::uint64_t> weight(kLayers), act(kLayers + 1);
+    for (auto& w : weight) EXPECT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, &w).ok());
+    for (auto& a : act) EXPECT_TRUE(engine.allocate(kChunkBytes, AllocKind::alloc, 0, &a).ok());
+    std::uint64_t seq = 0, now = 0, hits_in_last_eval = 0;
+    auto launch = [&](const char* name, std::uint64_t id, std::span<const Access> acc) {
+      Launch l;
+      l.seq = seq++;
+      l.name = name;
+      l.exec_id = id;
+      l.accesses = acc;
+      l.dur_ns = 1'000'000;
+      l.now_ns = now += 1'000'000;
+      engine.launch(l);
+    };
+    for (int eval = 0; eval < 4; ++eval) {
+      for (std::uint64_t step = 0; step < kStepsApart; ++step) {
+        for (int k = 0; k < kPerStep; ++k) {
+          const int layer = k < kLayers ? k : kPerStep - 1 - k;
+          const Access acc[3] = {{weight[layer], kChunkBytes, false}, {act[layer], kChunkBytes, false}, {act[layer + 1], kChunkBytes, true}};
+          launch("train", 1000 + static_cast<std::uint64_t>(k), acc);
+        }
+      }
+      const std::uint64_t before = policy->hits();
+      for (int k = 0; k < kEval; ++k) {
+        const Access acc[2] = {{weight[k], kChunkBytes, false}, {act[k + 1], kChunkBytes, true}};
+        launch("eval", 5000 + static_cast<std::uint64_t>(k), acc);
+      }
+      hits_in_last_eval = policy->hits() - before;
+    }
+    EXPECT_GT(policy->compactions(), 4u);
+    return hits_in_last_eval;
+  };
+  EXPECT_GE(eval_hits(0.25), kEval - 2u);
+  EXPECT_EQ(eval_hits(0.0), 0u);
 }
 
 }  // namespace
