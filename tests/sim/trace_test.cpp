@@ -242,6 +242,66 @@ TEST_F(TraceTest, GzipCutInsideAMemberIsTruncated) {
   }
 }
 
+// Issue 17 item 2: ".zst" writes zstd, read back by content (RFC 8878 frames), with the
+// same checks as gzip: a frame cut short is truncated, bytes after the last frame that are
+// not another frame name the offset, frames concatenated whole are one stream.
+TEST_F(TraceTest, ZstdRoundTripsAndIsCheckedAsGzipIs) {
+  auto zst_trace = [&](const std::string& name, int events) {
+    std::string path = (dir_ / name).string();
+    Writer w(path);
+    w.write_header("t");
+    for (int i = 0; i < events; ++i) {
+      Event a;
+      a.kind = EventKind::alloc;
+      a.id = static_cast<std::uint64_t>(i + 1);
+      a.bytes = 100 + static_cast<std::uint64_t>(i);
+      w.write(a);
+    }
+    w.close();
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string whole = zst_trace("z.jsonl.zst", 5000);
+  ASSERT_GE(whole.size(), 4u);
+  EXPECT_EQ(whole.substr(0, 4), std::string("\x28\xb5\x2f\xfd", 4));  // a zstd frame, not plain text
+  Trace t = read_trace((dir_ / "z.jsonl.zst").string());
+  ASSERT_EQ(t.events.size(), 5000u);
+  EXPECT_EQ(t.events[4999].bytes, 5099u);
+  EXPECT_EQ(t.header["source"], "t");
+
+  std::string cut = (dir_ / "cut.jsonl.zst").string();
+  std::ofstream(cut, std::ios::binary) << whole.substr(0, whole.size() - 3);
+  try {
+    read_trace(cut);
+    FAIL() << "a zstd frame cut short was accepted";
+  } catch (const TraceError& e) {
+    EXPECT_TRUE(e.message().find("truncated zstd stream") != std::string::npos || e.message().find("malformed JSON") != std::string::npos)
+        << e.what();
+  }
+  std::string damaged = (dir_ / "damaged.jsonl.zst").string();
+  std::ofstream(damaged, std::ios::binary) << whole << "not a zstd frame at all";
+  try {
+    read_trace(damaged);
+    FAIL() << "trailing garbage after a zstd frame was accepted";
+  } catch (const TraceError& e) {
+    EXPECT_NE(e.message().find("damaged zstd stream"), std::string::npos) << e.what();
+    EXPECT_NE(e.message().find("byte " + std::to_string(whole.size())), std::string::npos) << e.what();
+  }
+  std::string header_only = zst_trace("h.jsonl.zst", 0);
+  std::string rest = (dir_ / "rest.jsonl.zst").string();
+  {
+    Writer w(rest);
+    w.write_raw("{\"ev\":\"alloc\",\"id\":9,\"bytes\":10}");
+    w.close();
+  }
+  std::ifstream r2(rest, std::ios::binary);
+  std::string cat = (dir_ / "cat.jsonl.zst").string();
+  std::ofstream(cat, std::ios::binary) << header_only << std::string((std::istreambuf_iterator<char>(r2)), std::istreambuf_iterator<char>());
+  Trace both = read_trace(cat);
+  ASSERT_EQ(both.events.size(), 1u);
+  EXPECT_EQ(both.events[0].id, 9u);
+}
+
 TEST_F(TraceTest, NotAnObject) { EXPECT_NE(error_of("[1,2]\n").find("JSON object"), std::string::npos); }
 
 TEST_F(TraceTest, MissingEventType) { EXPECT_NE(error_of("{\"id\":1}\n").find("\"ev\""), std::string::npos); }

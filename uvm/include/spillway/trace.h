@@ -81,7 +81,7 @@ struct Event {
 
 class ByteSource;  // trace.cpp: the file's bytes, inflated when it is gzip
 
-// Streaming reader. The constructor opens the file (plain or gzip, detected from the
+// Streaming reader. The constructor opens the file (plain, gzip or zstd, detected from the
 // content; a gzip file may hold several members, as concatenated gzip files do, but nothing
 // else: bytes after the last member that are not one, or a member cut short, are an error
 // that names the byte offset) and reads and checks the header; next() returns events one at a time. Checks:
@@ -130,7 +130,8 @@ struct Trace {
 };
 Trace read_trace(const std::string& path);
 
-// Streaming writer. The path's suffix ".gz" selects gzip. write_header() must come first.
+// Streaming writer. The path's suffix selects the compression: ".gz" gzip (zlib), ".zst" or
+// ".zstd" zstd (libzstd, level 3), anything else none. write_header() must come first.
 // Throws std::runtime_error when the file cannot be written.
 class Writer {
  public:
@@ -145,10 +146,11 @@ class Writer {
   // Writes one raw line (no newline in `line`); for tests that need malformed traces.
   void write_raw(const std::string& line);
   void close();
+  class Sink;  // trace.cpp
 
  private:
   std::string path_;
-  void* gz_ = nullptr;
+  std::unique_ptr<Sink> sink_;
 };
 
 // The JSON object of one event, as the Writer writes it.
