@@ -110,13 +110,19 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "spillway " SPILLWAY_VERSION);
 
   CLI::App* run_cmd = app.add_subcommand("run", "Run CMD with libspillway.so preloaded (LD_PRELOAD) and the given settings.");
-  std::string budget, max_managed, policy, report, log_level, exclude, trace, framework_allocator, suballocator, fault_feedback;
+  std::string budget, max_managed, policy, report, log_level, exclude, trace, trace_window, framework_allocator, suballocator,
+      fault_feedback, state_memory;
   bool disable = false;
   run_cmd->add_option("--budget", budget, "GPU bytes to plan for (SPILLWAY_BUDGET), e.g. 4GiB or 60%");
   run_cmd->add_option("--max-managed", max_managed, "cap on total managed bytes (SPILLWAY_MAX_MANAGED), e.g. 24GiB or 80%");
   run_cmd->add_option("--policy", policy, fmt::format("policy (SPILLWAY_POLICY): {}", fmt::join(spillway::policy_names(), ", ")));
   run_cmd->add_option("--report", report, "write statistics as JSON to FILE at exit (SPILLWAY_REPORT)");
-  run_cmd->add_option("--trace", trace, "record a trace (format v1) of what the Engine sees to FILE (SPILLWAY_TRACE); replay it with `spillway replay`");
+  run_cmd->add_option("--trace", trace, "record a trace (format v1) of what the Engine sees to FILE (SPILLWAY_TRACE; .gz: gzip, .zst: zstd); replay it with `spillway replay`");
+  run_cmd->add_option("--trace-window", trace_window,
+                      "record only part of the run (SPILLWAY_TRACE_WINDOW): last:N (the last N launches, written at exit) or "
+                      "W+N (N launches after the first W, then the file is closed)");
+  run_cmd->add_option("--state-memory", state_memory,
+                      "host memory Spillway's own state may take (SPILLWAY_STATE_MEMORY), e.g. 256MiB");
   run_cmd->add_option("--log", log_level, "error, warn, info or debug (SPILLWAY_LOG); info prints the report at exit");
   run_cmd->add_option("--exclude", exclude, "libraries whose allocations stay device memory (SPILLWAY_EXCLUDE), e.g. libnccl,libfoo");
   run_cmd->add_option("--framework-allocator", framework_allocator,
@@ -153,6 +159,8 @@ int main(int argc, char** argv) {
     add("SPILLWAY_POLICY", policy);
     add("SPILLWAY_REPORT", report.empty() ? std::string() : fs::absolute(report).string());
     add("SPILLWAY_TRACE", trace.empty() ? std::string() : fs::absolute(trace).string());
+    add("SPILLWAY_TRACE_WINDOW", trace_window);
+    add("SPILLWAY_STATE_MEMORY", state_memory);
     add("SPILLWAY_LOG", log_level);
     add("SPILLWAY_EXCLUDE", exclude);
     add("SPILLWAY_FRAMEWORK_ALLOCATOR", framework_allocator);

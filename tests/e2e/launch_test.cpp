@@ -358,5 +358,74 @@ TEST_P(RuntimeLaunchFallback, EachLaunchIsObservedOnceWithoutAFootprint) {
 INSTANTIATE_TEST_SUITE_P(GetFuncBySymbol, RuntimeLaunchFallback, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Absent" : "Fails"; });
 
+
+// ---- SPILLWAY_TRACE_WINDOW (issue 17 item 2) ------------------------------------------------
+// `cycle 6 8`: 8 blocks of 8 MiB allocated, 48 launches (each block filled 6 times), freed.
+
+// Every kernel's blocks have their alloc before it, and no block is freed twice or used
+// after its free: what the trace reader checks (`spillway replay` reads the whole file).
+void expect_replayable(const std::string& path) {
+  RunResult r = run({kCli, "replay", path, "--policy", "demand", "--capacity", "0.5"}, Env{});
+  EXPECT_EQ(r.status, 0) << path << "\n" << describe(r);
+}
+
+TEST(TraceWindow, AfterAWarmUpTheNextLaunchesAreWrittenWithTheBlocksLiveThen) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"cycle", "6", "8"}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"}, {"SPILLWAY_TRACE_WINDOW", "10+12"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  Trace t = read_trace(dir + "/t.jsonl");
+  ASSERT_TRUE(t.header.contains("window")) << t.header.dump();
+  EXPECT_EQ(t.header["window"]["mode"], "after-warmup");
+  EXPECT_EQ(t.header["window"]["first_launch"], 10);
+  EXPECT_EQ(t.header["window"]["left_out_launches"], 10);
+  auto k = t.kernels();
+  ASSERT_EQ(k.size(), 12u);
+  // The 8 blocks come first, then launches 10..21, and nothing after: the frees at the end
+  // of the program are outside the window.
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(t.events[i].value("ev", ""), "alloc") << i;
+  EXPECT_EQ(t.events.size(), 8u + 12u);
+  // Launch 10 fills block 10 % 8 = 2.
+  EXPECT_EQ(k[0]["reads"][0].is_array() ? k[0]["reads"][0][0] : k[0]["reads"][0], t.events[2]["id"]);
+  expect_replayable(dir + "/t.jsonl");
+}
+
+TEST(TraceWindow, TheLastLaunchesAreWrittenAtExitInZstd) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"cycle", "6", "8"}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl.zst"}, {"SPILLWAY_TRACE_WINDOW", "last:20"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  std::string bytes = read_file(dir + "/t.jsonl.zst");
+  ASSERT_GE(bytes.size(), 4u);
+  EXPECT_EQ(bytes.substr(0, 4), std::string("\x28\xb5\x2f\xfd", 4)) << "not zstd";
+  // Decompressed by the CLI's reader: replayable, and `spillway replay` prints nothing wrong.
+  expect_replayable(dir + "/t.jsonl.zst");
+}
+
+TEST(TraceWindow, TheLastLaunchesKeepTheirBlocksAllocationsAndTheFreesAfterThem) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"cycle", "6", "8"}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"}, {"SPILLWAY_TRACE_WINDOW", "last:20"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  Trace t = read_trace(dir + "/t.jsonl");
+  ASSERT_TRUE(t.header.contains("window")) << t.header.dump();
+  EXPECT_EQ(t.header["window"]["mode"], "last");
+  EXPECT_EQ(t.header["window"]["first_launch"], 28);
+  EXPECT_EQ(t.header["window"]["left_out_launches"], 28);
+  EXPECT_EQ(t.kernels().size(), 20u);
+  std::size_t allocs = 0, frees = 0;
+  for (const auto& e : t.events) {
+    allocs += e.value("ev", "") == "alloc";
+    frees += e.value("ev", "") == "free";
+  }
+  EXPECT_EQ(allocs, 8u);
+  EXPECT_EQ(frees, 8u);
+  expect_replayable(dir + "/t.jsonl");
+}
+
+TEST(TraceWindow, ABadWindowIsOneLineNamingTheVariable) {
+  std::string dir = temp_dir();
+  RunResult r = launches({"cycle", "1", "2"}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"}, {"SPILLWAY_TRACE_WINDOW", "last:0"}}));
+  EXPECT_EQ(r.status, 0) << describe(r);
+  EXPECT_NE(r.err.find("SPILLWAY_TRACE_WINDOW"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace spillway::test

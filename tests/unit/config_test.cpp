@@ -35,6 +35,7 @@ const std::map<std::string, Sample>& samples() {
       {"SPILLWAY_FRAMEWORK_ALLOCATOR", {"keep", "pytorch"}},
       {"SPILLWAY_FAULT_FEEDBACK", {"off", "cupti"}},
       {"SPILLWAY_STATE_MEMORY", {"1GiB", "8MiB"}},
+      {"SPILLWAY_TRACE_WINDOW", {"1000+5000", "last:-3"}},
   };
   return s;
 }
@@ -51,7 +52,9 @@ std::string describe(const Config& c) {
   out += " log=" + std::to_string(static_cast<int>(c.log_level));
   out += " report=" + c.report_path + " trace=" + c.trace_path + " disable=" + std::to_string(c.disable);
   out += " suballocator=" + std::to_string(c.suballocator) + " framework_per_tensor=" + std::to_string(c.framework_per_tensor) +
-         " fault_feedback=" + std::to_string(c.fault_feedback) + " state_memory=" + std::to_string(c.state_memory);
+         " fault_feedback=" + std::to_string(c.fault_feedback) + " state_memory=" + std::to_string(c.state_memory) +
+         " trace_window=" + std::to_string(c.trace_window.warmup) + "+" + std::to_string(c.trace_window.launches) +
+         (c.trace_window.last ? "last" : "");
   return out;
 }
 
@@ -181,5 +184,32 @@ TEST(Config, SetOptionUnknownVariable) {
   EXPECT_EQ(c.policy, "advise");
 }
 
+}  // namespace
+}  // namespace spillway
+
+namespace spillway {
+namespace {
+// SPILLWAY_TRACE_WINDOW's forms (issue 17 item 2), and what each refuses.
+TEST(Config, TraceWindowForms) {
+  auto window = [](const char* v) { return read_with({{"SPILLWAY_TRACE_WINDOW", v}}); };
+  ConfigResult r = window("last:500");
+  ASSERT_TRUE(r.errors.empty());
+  EXPECT_TRUE(r.config.trace_window.last);
+  EXPECT_EQ(r.config.trace_window.launches, 500u);
+  r = window("2000+100");
+  ASSERT_TRUE(r.errors.empty());
+  EXPECT_FALSE(r.config.trace_window.last);
+  EXPECT_EQ(r.config.trace_window.warmup, 2000u);
+  EXPECT_EQ(r.config.trace_window.launches, 100u);
+  r = window(" ALL ");
+  ASSERT_TRUE(r.errors.empty());
+  EXPECT_EQ(r.config.trace_window.launches, 0u);
+  for (const char* bad : {"last:0", "10+", "+5", "5", "1+0", "last:", "1+2+3", "last:1e3", "99999999999999999999+1"}) {
+    r = window(bad);
+    ASSERT_EQ(r.errors.size(), 1u) << bad;
+    EXPECT_NE(r.errors[0].message.find("SPILLWAY_TRACE_WINDOW"), std::string::npos) << r.errors[0].message;
+    EXPECT_EQ(r.config.trace_window.launches, 0u) << bad;
+  }
+}
 }  // namespace
 }  // namespace spillway

@@ -114,6 +114,39 @@ bool parse_report_path(Config& c, std::string_view value, const Names&) {
   return !c.report_path.empty();
 }
 
+// A count: decimal digits only, at most 2^63.
+bool parse_count(std::string_view text, std::uint64_t* out) {
+  if (text.empty() || text.size() > 19) return false;
+  std::uint64_t v = 0;
+  for (char ch : text) {
+    if (ch < '0' || ch > '9') return false;
+    v = v * 10 + static_cast<std::uint64_t>(ch - '0');
+  }
+  *out = v;
+  return true;
+}
+
+bool parse_trace_window(Config& c, std::string_view value, const Names&) {
+  const std::string v = lower(trimmed(value));
+  Config::TraceWindow w;
+  if (v == "all") {
+    c.trace_window = w;
+    return true;
+  }
+  if (v.starts_with("last:")) {
+    if (!parse_count(std::string_view(v).substr(5), &w.launches) || w.launches == 0) return false;
+    w.last = true;
+  } else {
+    const std::size_t plus = v.find('+');
+    if (plus == std::string::npos || !parse_count(std::string_view(v).substr(0, plus), &w.warmup) ||
+        !parse_count(std::string_view(v).substr(plus + 1), &w.launches) || w.launches == 0) {
+      return false;
+    }
+  }
+  c.trace_window = w;
+  return true;
+}
+
 bool parse_trace_path(Config& c, std::string_view value, const Names&) {
   c.trace_path = trimmed(value);
   return !c.trace_path.empty();

@@ -36,6 +36,13 @@ struct Config {
   LogLevel log_level = LogLevel::warn;
   std::string report_path;
   std::string trace_path;   // SPILLWAY_TRACE: empty = no trace
+  // SPILLWAY_TRACE_WINDOW: which launches the trace holds. launches == 0: all of them;
+  // last: the last `launches`; otherwise `launches` after the first `warmup`.
+  struct TraceWindow {
+    std::uint64_t launches = 0;
+    std::uint64_t warmup = 0;
+    bool last = false;
+  } trace_window;
   bool disable = false;
 };
 
