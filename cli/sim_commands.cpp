@@ -352,14 +352,14 @@ int run_sweep(SimCommands::Options& o) {
     auto work = [&] {
       for (std::size_t i; (i = next++) < o.traces.size();) {
         try {
-          trace::Trace text = trace::read_trace(o.traces[i]);
-          traces[i] = std::make_unique<sim::CompiledTrace>(sim::compile(text));
+          // (Each view streams the file: the events are never all in memory, issue 17.)
+          traces[i] = std::make_unique<sim::CompiledTrace>(sim::compile_file(o.traces[i]));
           for (std::size_t v = 0; v < views.size(); ++v) {
             if (views[v] == sim::AllocatorView::none) {
               compiled[i * views.size() + v] = traces[i].get();
               continue;
             }
-            other_views[i * views.size() + v] = std::make_unique<sim::CompiledTrace>(sim::compile(text, views[v]));
+            other_views[i * views.size() + v] = std::make_unique<sim::CompiledTrace>(sim::compile_file(o.traces[i], views[v]));
             compiled[i * views.size() + v] = other_views[i * views.size() + v].get();
           }
         } catch (const trace::TraceError& e) {
@@ -477,9 +477,8 @@ int run_replay(SimCommands::Options& o) {
   sim::SimParams p = o.params();
   std::vector<sim::AllocatorView> views = parse_views(o.allocators);
   if (views.size() != 1) throw UsageError{"replay takes one --allocator view"};
-  trace::Trace text = trace::read_trace(o.replay_trace);
-  sim::CompiledTrace truth = sim::compile(text);
-  sim::CompiledTrace viewed = views[0] == sim::AllocatorView::none ? sim::CompiledTrace{} : sim::compile(text, views[0]);
+  sim::CompiledTrace truth = sim::compile_file(o.replay_trace);
+  sim::CompiledTrace viewed = views[0] == sim::AllocatorView::none ? sim::CompiledTrace{} : sim::compile_file(o.replay_trace, views[0]);
   const sim::CompiledTrace& t = views[0] == sim::AllocatorView::none ? truth : viewed;
   p.capacity_bytes = capacity_bytes(cap, truth);
   sim::MinFetch bound = sim::min_fetch(truth, p.capacity_bytes / kChunkBytes);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -80,7 +81,18 @@ std::optional<AllocatorView> parse_allocator_view(const std::string& text) {
   return std::nullopt;
 }
 
-CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
+namespace {
+
+// The trace's events one at a time (`next` returns nullptr at the end): a Trace in memory,
+// or a Reader streaming the file, so that compile_file() never holds the events (issue 17
+// item 3: the compiled form is what stays).
+struct EventSource {
+  std::string path;
+  nlohmann::json header;
+  std::function<const trace::Event*()> next;
+};
+
+CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
   CompiledTrace ct;
   ct.path = t.path;
   ct.allocator = view;
@@ -163,8 +175,8 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
     return seq;
   };
 
-  ct.ops.reserve(t.events.size());
-  for (const trace::Event& e : t.events) {
+  while (const trace::Event* event = t.next()) {
+    const trace::Event& e = *event;
     switch (e.kind) {
       case trace::EventKind::alloc: {
         live_chunk_bytes += (e.bytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
@@ -317,10 +329,33 @@ CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
       }
     }
   }
+  // (Grown by doubling while the events streamed in: up to half of each was unused.)
+  ct.ops.shrink_to_fit();
+  ct.blocks.shrink_to_fit();
+  ct.kernels.shrink_to_fit();
+  ct.accesses.shrink_to_fit();
+  ct.touches.shrink_to_fit();
   return ct;
 }
 
-CompiledTrace compile_file(const std::string& path, AllocatorView view) { return compile(trace::read_trace(path), view); }
+}  // namespace
+
+CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
+  std::size_t i = 0;
+  return compile_events(EventSource{t.path, t.header, [&]() -> const trace::Event* {
+                          return i < t.events.size() ? &t.events[i++] : nullptr;
+                        }},
+                        view);
+}
+
+CompiledTrace compile_file(const std::string& path, AllocatorView view) {
+  trace::Reader reader(path);
+  trace::Event event;
+  return compile_events(EventSource{path, reader.header(), [&]() -> const trace::Event* {
+                          return reader.next(event) ? &event : nullptr;
+                        }},
+                        view);
+}
 
 std::uint64_t min_fetches(const CompiledTrace& ct, std::uint64_t capacity_chunks) {
   return min_fetch(ct, capacity_chunks).chunks;
