@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "spillway/policy.h"
+#include "spillway/spill_array.h"
 
 namespace spillway {
 
@@ -113,9 +114,11 @@ struct OracleFuture {
     std::uint32_t block;  // allocation number (0 = the first on_alloc) of the block holding it
     bool min_hit;         // Belady's MIN at capacity_chunks finds the chunk resident here
   };
-  std::vector<Touch> touches;
-  std::vector<std::uint32_t> launch_begin;  // launch i's touches: [launch_begin[i], launch_begin[i+1])
-  std::vector<std::uint32_t> launch_end;
+  // (SpillArrays, spillway/spill_array.h: a long trace's future lies in files, and the
+  // oracle releases what it has passed.)
+  SpillArray<Touch> touches;
+  SpillArray<std::uint32_t> launch_begin;  // launch i's touches: [launch_begin[i], launch_end[i])
+  SpillArray<std::uint32_t> launch_end;
   std::uint64_t capacity_chunks = 0;        // the budget, in chunks
 };
 

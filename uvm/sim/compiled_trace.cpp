@@ -92,6 +92,24 @@ struct EventSource {
   std::function<const trace::Event*()> next;
 };
 
+// The backward pass's release: everything from op `i` on (and the kernels, accesses and
+// touches of the ops after it).
+void release_from(const CompiledTrace& ct, std::size_t i) {
+  std::size_t kernel = ct.kernels.size();
+  for (std::size_t j = i; j < ct.ops.size() && j < i + 64; ++j) {
+    if (ct.ops[j].kind == Op::Kind::kernel || ct.ops[j].kind == Op::Kind::host) {
+      kernel = ct.ops[j].index;
+      break;
+    }
+  }
+  ct.ops.release(i, ct.ops.size());
+  if (kernel < ct.kernels.size()) {
+    ct.accesses.release(ct.kernels[kernel].access_begin, ct.accesses.size());
+    ct.touches.release(ct.kernels[kernel].touch_begin, ct.touches.size());
+  }
+  ct.kernels.release(kernel, ct.kernels.size());
+}
+
 CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
   CompiledTrace ct;
   ct.path = t.path;
@@ -175,8 +193,12 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
     return seq;
   };
 
+  std::uint64_t events_read = 0;
   while (const trace::Event* event = t.next()) {
     const trace::Event& e = *event;
+    // What is written goes from memory to the spill files now and then (read back when a
+    // free or a kernel looks up an old block).
+    if ((++events_read & 0xffff) == 0) ct.release_behind(ct.ops.size(), ct.kernels.size(), ct.blocks.size());
     switch (e.kind) {
       case trace::EventKind::alloc: {
         live_chunk_bytes += (e.bytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
@@ -300,6 +322,7 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
   // count) and first touches since alloc.
   std::vector<std::uint32_t> next_pos(ct.arena_chunks, kNever);
   for (std::size_t i = ct.ops.size(); i-- > 0;) {
+    if ((i & 0xffff) == 0) release_from(ct, i);  // (this pass walks backward: what it has passed lies after i)
     const Op& op = ct.ops[i];
     if (op.kind == Op::Kind::alloc) {
       const BlockPlacement& b = ct.blocks[op.index];
@@ -315,7 +338,10 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
     }
   }
   std::vector<bool> touched(ct.arena_chunks, false);
+  std::size_t op_no = 0, kernel_no = 0;
   for (const Op& op : ct.ops) {
+    if ((++op_no & 0xffff) == 0) ct.release_behind(op_no - 1, kernel_no, 0);
+    if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) kernel_no = op.index;
     if (op.kind == Op::Kind::alloc) {
       const BlockPlacement& b = ct.blocks[op.index];
       if (!b.fresh) continue;
@@ -329,16 +355,24 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
       }
     }
   }
-  // (Grown by doubling while the events streamed in: up to half of each was unused.)
-  ct.ops.shrink_to_fit();
-  ct.blocks.shrink_to_fit();
-  ct.kernels.shrink_to_fit();
-  ct.accesses.shrink_to_fit();
-  ct.touches.shrink_to_fit();
+  ct.release_behind(ct.ops.size(), ct.kernels.size(), ct.blocks.size());
   return ct;
 }
 
 }  // namespace
+
+void CompiledTrace::release_behind(std::size_t op, std::size_t kernel, std::size_t block) const {
+  ops.release(0, op);
+  if (kernel < kernels.size()) {
+    accesses.release(0, kernels[kernel].access_begin);
+    touches.release(0, kernels[kernel].touch_begin);
+  } else {
+    accesses.release(0, accesses.size());
+    touches.release(0, touches.size());
+  }
+  kernels.release(0, kernel);
+  blocks.release(0, block);
+}
 
 CompiledTrace compile(const trace::Trace& t, AllocatorView view) {
   std::size_t i = 0;
@@ -383,7 +417,10 @@ MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::
     }
     return {0, 0};
   };
+  std::size_t op_no = 0, kernel_no = 0;
   for (const Op& op : ct.ops) {
+    if ((++op_no & 0xffff) == 0) ct.release_behind(op_no - 1, kernel_no, 0);
+    if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) kernel_no = op.index;
     if (op.kind == Op::Kind::free) {
       const BlockPlacement& b = ct.blocks[op.index];
       for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {

@@ -133,6 +133,13 @@ void SimBackend::make_resident(std::uint32_t c, std::uint64_t ready) {
   ready_[c] = ready;
   mig_seq_[c] = next_mig_++;
   fifo_.emplace_back(c, mig_seq_[c]);
+  // Entries of chunks that left by other ways (a free, the Engine's eviction) are skipped
+  // when they reach the front; between evictions they pile up, as many as migrations: drop
+  // them once they are most of the list (order kept, so evictions are the same), so the
+  // list stays within twice the resident chunks (issue 17: memory not growing with length).
+  if (fifo_.size() > 2 * resident_ + 4096) {
+    std::erase_if(fifo_, [&](const std::pair<std::uint32_t, std::uint64_t>& e) { return state_[e.first] != gpu || mig_seq_[e.first] != e.second; });
+  }
   ++resident_;
   ++stats_.chunks_in;
   note_occupancy();

@@ -26,17 +26,25 @@ OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chun
   OracleFuture f;
   f.capacity_chunks = capacity_chunks;
   f.touches.reserve(trace.touches.size());
-  std::vector<bool> min_hits;
+  std::vector<bool> min_hits;  // (one bit per touch)
   min_fetch(trace, capacity_chunks, &min_hits);
   for (std::size_t i = 0; i < trace.touches.size(); ++i) {
     const ChunkTouch& t = trace.touches[i];
     f.touches.push_back({trace.absolute_chunk(t.chunk), t.next, t.block, static_cast<bool>(min_hits[i])});
+    if ((i & 0xfffff) == 0xfffff) {  // written in order: what lies behind goes to the file
+      trace.touches.release(0, i);
+      f.touches.release(0, i);
+    }
   }
-  for (const KernelRecord& k : trace.kernels) {
+  for (std::size_t i = 0; i < trace.kernels.size(); ++i) {
+    const KernelRecord& k = trace.kernels[i];
+    if ((i & 0xffff) == 0xffff) trace.kernels.release(0, i);
     if (k.host) continue;
     f.launch_begin.push_back(k.touch_begin);
     f.launch_end.push_back(k.touch_end);
   }
+  f.launch_begin.release(0, f.launch_begin.size());
+  f.launch_end.release(0, f.launch_end.size());
   return f;
 }
 
@@ -64,9 +72,13 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   config.suballocator = false;  // (the trace was placed at compilation: the `spillway` view carved it with the same sub-allocator)
   Engine engine(config, backend, std::move(policy));
 
-  std::vector<std::uint64_t> addr_of(trace.blocks.size(), 0);
   std::uint64_t launch_seq = 0;
+  std::size_t op_no = 0, kernel_no = 0, block_no = 0;
   for (const Op& op : trace.ops) {
+    // What the walk has passed goes from memory (it stays in the trace's spill files).
+    if ((++op_no & 0xffff) == 0) trace.release_behind(op_no - 1, kernel_no, block_no);
+    if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) kernel_no = op.index;
+    if (op.kind == Op::Kind::alloc) block_no = op.index;
     switch (op.kind) {
       case Op::Kind::alloc: {
         backend.expect_block(op.index);
@@ -75,12 +87,11 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
         if (!r.ok() || addr != trace.blocks[op.index].addr) {
           throw std::logic_error(fmt::format("simulator: allocation of block {} failed", op.index));
         }
-        addr_of[op.index] = addr;
         break;
       }
       case Op::Kind::free: {
         bool ours = false;
-        engine.release(addr_of[op.index], std::nullopt, &ours);
+        engine.release(trace.blocks[op.index].addr, std::nullopt, &ours);
         break;
       }
       case Op::Kind::kernel: {

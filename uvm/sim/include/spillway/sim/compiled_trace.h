@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "spillway/policy.h"
+#include "spillway/spill_array.h"
 #include "spillway/trace.h"
 
 namespace spillway::sim {
@@ -77,17 +78,20 @@ const char* to_string(AllocatorView view);
 // "none", "pytorch", "spillway" or "pytorch-exact"; nullopt otherwise.
 std::optional<AllocatorView> parse_allocator_view(const std::string& text);
 
+// The per-event arrays are SpillArrays (spillway/spill_array.h): kept in a file mapped into
+// memory, so a long trace costs disk, not memory; whoever walks them in order calls
+// release_behind() now and then, and the process holds only the part it is working on.
 struct CompiledTrace {
   std::string path;
   AllocatorView allocator = AllocatorView::none;
   std::string name;       // file name without .jsonl(.gz)
   nlohmann::json header;
-  std::vector<Op> ops;                 // what the Engine sees, in order
-  std::vector<BlockPlacement> blocks;  // the Engine's blocks (`pytorch`: segments)
-  std::vector<KernelRecord> kernels;   // kernels and host events, in trace order
-  std::vector<Access> accesses;        // per kernel: the address ranges (Policy view)
-  std::vector<ChunkTouch> touches;     // per kernel: the chunks (GPU view)
-  std::vector<std::string> names;
+  SpillArray<Op> ops;                 // what the Engine sees, in order
+  SpillArray<BlockPlacement> blocks;  // the Engine's blocks (`pytorch`: segments)
+  SpillArray<KernelRecord> kernels;   // kernels and host events, in trace order
+  SpillArray<Access> accesses;        // per kernel: the address ranges (Policy view)
+  SpillArray<ChunkTouch> touches;     // per kernel: the chunks (GPU view)
+  std::vector<std::string> names;     // distinct kernel names
   std::uint32_t arena_chunks = 0;      // relative chunk indices are < arena_chunks
   std::uint64_t peak_bytes = 0;        // max over time of the trace's live blocks rounded up to 2 MiB
                                        // chunks (the same in every view)
@@ -96,6 +100,10 @@ struct CompiledTrace {
   std::uint64_t kernel_count = 0;
 
   ChunkIndex absolute_chunk(std::uint32_t relative) const { return kArenaBase / kChunkBytes + relative; }
+  // Drops the memory of what lies before op `op`, kernel record `kernel` (and its accesses
+  // and touches) and block `block`; the data stay in the spill files (an access reads them
+  // back). For readers that walk the trace in order. Thread-safe with other readers.
+  void release_behind(std::size_t op, std::size_t kernel, std::size_t block) const;
 };
 
 // Compiles a trace. Addresses: a trace's `addr` is ignored (the trace's own addresses came
