@@ -321,9 +321,14 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
   // Next use of each touch (same chunk, same block instance; kernels and host events both
   // count) and first touches since alloc.
   std::vector<std::uint32_t> next_pos(ct.arena_chunks, kNever);
+  std::size_t first_block = ct.blocks.size();  // the backward pass has passed the allocs of blocks from here on
   for (std::size_t i = ct.ops.size(); i-- > 0;) {
-    if ((i & 0xffff) == 0) release_from(ct, i);  // (this pass walks backward: what it has passed lies after i)
+    if ((i & 0xffff) == 0) {  // (this pass walks backward: what it has passed lies after i)
+      release_from(ct, i);
+      ct.blocks.release(first_block, ct.blocks.size());
+    }
     const Op& op = ct.ops[i];
+    if (op.kind == Op::Kind::alloc) first_block = op.index;
     if (op.kind == Op::Kind::alloc) {
       const BlockPlacement& b = ct.blocks[op.index];
       if (!b.fresh) continue;  // (a chunk other live blocks hold: its use goes on)
@@ -338,10 +343,11 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
     }
   }
   std::vector<bool> touched(ct.arena_chunks, false);
-  std::size_t op_no = 0, kernel_no = 0;
+  std::size_t op_no = 0, kernel_no = 0, block_no = 0;
   for (const Op& op : ct.ops) {
-    if ((++op_no & 0xffff) == 0) ct.release_behind(op_no - 1, kernel_no, 0);
+    if ((++op_no & 0xffff) == 0) ct.release_behind(op_no - 1, kernel_no, block_no);
     if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) kernel_no = op.index;
+    if (op.kind == Op::Kind::alloc) block_no = op.index;
     if (op.kind == Op::Kind::alloc) {
       const BlockPlacement& b = ct.blocks[op.index];
       if (!b.fresh) continue;
@@ -417,10 +423,11 @@ MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::
     }
     return {0, 0};
   };
-  std::size_t op_no = 0, kernel_no = 0;
+  std::size_t op_no = 0, kernel_no = 0, block_no = 0;
   for (const Op& op : ct.ops) {
-    if ((++op_no & 0xffff) == 0) ct.release_behind(op_no - 1, kernel_no, 0);
+    if ((++op_no & 0xffff) == 0) ct.release_behind(op_no - 1, kernel_no, block_no);
     if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) kernel_no = op.index;
+    if (op.kind == Op::Kind::alloc) block_no = op.index;
     if (op.kind == Op::Kind::free) {
       const BlockPlacement& b = ct.blocks[op.index];
       for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
