@@ -7,7 +7,13 @@
 #include <gtest/gtest.h>
 #include <malloc.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -17,6 +23,8 @@
 #include "learned.h"
 #include "policies.h"
 #include "spillway/engine.h"
+#include "spillway/sim/simulator.h"
+#include "spillway/trace.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #include <sanitizer/allocator_interface.h>
@@ -212,6 +220,102 @@ TEST(StateBound, APhaseRecurringFurtherApartThanTheHistoryIsStillPredicted) {
               static_cast<unsigned long long>(kept), kEval, static_cast<unsigned long long>(forgotten));
   EXPECT_GE(kept, kEval - 2u);
   EXPECT_EQ(forgotten, 0u);
+}
+
+// The simulator's memory does not grow with the trace (issue 17 item 3): a synthetic loop
+// of 10^6 launches (the trace file written here), compiled from the file and replayed under
+// `demand` and `oracle` (the oracle's future and the lower bound walk the whole trace too),
+// takes far less memory than its compiled arrays hold: they live in spill files, and each
+// pass releases what it has walked. The peak resident memory is reset before (Linux's
+// clear_refs) and read after (VmHWM). Only in the plain build: the sanitizers' allocators
+// and shadow memory make RSS say little there.
+std::uint64_t status_kb(const char* key) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  std::uint64_t kb = 0;
+  const std::size_t n = std::strlen(key);
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, key, n) == 0) kb = std::strtoull(line + n, nullptr, 10);
+  }
+  std::fclose(f);
+  return kb;
+}
+
+TEST(StateBound, TheSimulatorsMemoryDoesNotGrowWithTheTrace) {
+#ifdef SPILLWAY_SANITIZED
+  GTEST_SKIP() << "resident memory is not the program's own under a sanitizer";
+#else
+  constexpr int kLayers = 24;
+  constexpr std::uint64_t kSteps = 1'000'000 / (2 * kLayers);
+  const std::string path = (std::filesystem::temp_directory_path() / ("spillway-long-" + std::to_string(getpid()) + ".jsonl")).string();
+  {
+    trace::Writer w(path);
+    w.write_header("state_bound_test: a 24-layer loop");
+    std::uint64_t next_id = 1;
+    auto alloc = [&](std::uint64_t bytes) {
+      trace::Event e;
+      e.kind = trace::EventKind::alloc;
+      e.id = next_id++;
+      e.bytes = bytes;
+      w.write(e);
+      return e.id;
+    };
+    auto kernel = [&](const char* name, std::initializer_list<std::uint64_t> reads, std::uint64_t write) {
+      trace::Event e;
+      e.kind = trace::EventKind::kernel;
+      e.name = name;
+      e.dur_ns = 2'000'000;
+      for (std::uint64_t id : reads) e.reads.push_back(trace::Range{id, 0, 0, true});
+      e.writes.push_back(trace::Range{write, 0, 0, true});
+      w.write(e);
+    };
+    std::vector<std::uint64_t> weight(kLayers), grad(kLayers);
+    for (auto& x : weight) x = alloc(8 << 20);
+    for (auto& x : grad) x = alloc(8 << 20);
+    const std::uint64_t input = alloc(4 << 20);
+    for (std::uint64_t s = 0; s < kSteps; ++s) {
+      std::vector<std::uint64_t> act{input};
+      for (int i = 0; i < kLayers; ++i) {
+        act.push_back(alloc(4 << 20));
+        kernel("forward", {weight[i], act[i]}, act[i + 1]);
+      }
+      for (int i = kLayers - 1; i >= 0; --i) {
+        kernel("backward", {weight[i], act[i], act[i + 1]}, grad[i]);
+        trace::Event f;
+        f.kind = trace::EventKind::free;
+        f.id = act[i + 1];
+        w.write(f);
+      }
+    }
+    w.close();
+  }
+  {
+    std::ofstream reset("/proc/self/clear_refs");
+    reset << "5";  // the peak (VmHWM) starts again from the resident memory now
+  }
+  const std::uint64_t before_kb = status_kb("VmRSS:");
+  std::uint64_t arrays = 0, peak_kb = 0;
+  {
+    sim::CompiledTrace t = sim::compile_file(path);
+    arrays = t.ops.capacity_bytes() + t.blocks.capacity_bytes() + t.kernels.capacity_bytes() + t.accesses.capacity_bytes() +
+             t.touches.capacity_bytes();
+    sim::SimParams p = sim::default_params();
+    p.capacity_bytes = t.peak_bytes / 2 / kChunkBytes * kChunkBytes;
+    for (const char* policy : {"demand", "oracle"}) {
+      const sim::CellResult r = sim::run_cell(t, policy, p);
+      EXPECT_EQ(r.engine.launches, kSteps * 2 * kLayers) << policy;
+      EXPECT_LE(r.bound_ns, r.sim.time_ns) << policy;
+    }
+    peak_kb = status_kb("VmHWM:");
+  }
+  std::filesystem::remove(path);
+  const std::uint64_t growth = (peak_kb > before_kb ? peak_kb - before_kb : 0) * 1024;
+  std::printf("%llu launches: compiled arrays %.0f MiB (in spill files), peak resident memory +%.1f MiB\n",
+              static_cast<unsigned long long>(kSteps * 2 * kLayers), arrays / 1048576.0, growth / 1048576.0);
+  ASSERT_GT(arrays, 200ull << 20) << "the trace is long enough to matter";
+  EXPECT_LT(growth, arrays / 4);
+#endif
 }
 
 }  // namespace
