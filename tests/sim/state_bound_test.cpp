@@ -27,8 +27,10 @@
 #include "spillway/trace.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#include <sanitizer/allocator_interface.h>
 #define SPILLWAY_SANITIZED 1
+// The sanitizer runtimes' allocator statistics (compiler-rt's sanitizer/allocator_interface.h,
+// declared here: GCC's packages do not always install the header).
+extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
 #endif
 
 namespace spillway {
