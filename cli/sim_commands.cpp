@@ -192,10 +192,12 @@ struct SimCommands::Options {
     else throw UsageError{fmt::format("invalid --fault-feedback '{}': expected on or off", fault_feedback)};
     if (state_memory == "unlimited") {
       p.state_memory_bytes = UINT64_MAX;
-    } else if (!state_memory.empty()) {
-      auto b = parse_size(state_memory);
-      if (!b || *b < (16ull << 20)) throw UsageError{fmt::format("invalid --state-memory '{}': a size of at least 16MiB, or unlimited", state_memory)};
-      p.state_memory_bytes = *b;
+    } else if (!state_memory.empty()) {  // (the shim's own rule for SPILLWAY_STATE_MEMORY)
+      Config c;
+      if (std::string err = set_option(c, "SPILLWAY_STATE_MEMORY", state_memory, policy_names()); !err.empty()) {
+        throw UsageError{fmt::format("--state-memory: {}, or unlimited", err)};
+      }
+      p.state_memory_bytes = c.state_memory;
     }
     return p;
   }

@@ -198,25 +198,20 @@ class TraceRecorder final : public EngineObserver {
     extra["producer"] = "libspillway.so";
     extra["policy"] = engine_.config().policy;
     if (window_.launches != 0) {
+      // The launches before the window: dropped from the front (last:N) or the warm-up.
+      const std::uint64_t skipped = window_.last ? left_out_ : std::min(window_.warmup, launches_seen_);
       nlohmann::json w = nlohmann::json::object();
-      if (window_.last) {
-        w["mode"] = "last";
-        w["launches"] = window_.launches;
-        w["first_launch"] = left_out_;
-        w["left_out_launches"] = left_out_;
-        w["note"] = fmt::format("the last {} launches of {}; the {} before them are left out, and the {} blocks live at the first "
-                                "kept launch are written as allocations first",
-                                std::min(window_.launches, launches_seen_), launches_seen_, left_out_, live_.size());
-      } else {
-        const std::uint64_t skipped = std::min(window_.warmup, launches_seen_);
-        w["mode"] = "after-warmup";
-        w["launches"] = window_.launches;
-        w["first_launch"] = skipped;
-        w["left_out_launches"] = skipped;
-        w["note"] = fmt::format("{} launches after a warm-up of {}, which is left out (the {} blocks live at its end are written "
-                                "as allocations first), as is everything after them",
-                                window_.launches, skipped, live_.size());
-      }
+      w["mode"] = window_.last ? "last" : "after-warmup";
+      w["launches"] = window_.launches;
+      w["first_launch"] = skipped;
+      w["left_out_launches"] = skipped;
+      w["note"] = window_.last
+                      ? fmt::format("the last {} launches of {}; the {} before them are left out, and the {} blocks live at the "
+                                    "first kept launch are written as allocations first",
+                                    std::min(window_.launches, launches_seen_), launches_seen_, skipped, live_.size())
+                      : fmt::format("{} launches after a warm-up of {}, which is left out (the {} blocks live at its end are "
+                                    "written as allocations first), as is everything after them",
+                                    window_.launches, skipped, live_.size());
       extra["window"] = w;
     }
     try {

@@ -270,8 +270,7 @@ std::uint64_t LearnedPolicy::history_bytes() const {
 }
 
 std::uint64_t LearnedPolicy::other_bytes() const {
-  using Page = ChunkPages<ChunkInfo, 9>::Page;
-  return chunks_.pages() * (heap_block_bytes(sizeof(Page)) + heap_block_bytes(4 * sizeof(void*))) +
+  return chunks_.heap_bytes() +
          hash_heap_bytes(ids_) + hash_heap_bytes(names_) + sigs_.size() * sizeof(std::uint32_t) + vector_heap_bytes(sigs_) +
          tree_heap_bytes<RankedSet>(resident_.size() + spare_nodes_.size()) + vector_heap_bytes(spare_nodes_) +
          walked_.size() * sizeof(walked_.front()) * 9 / 8 + vector_heap_bytes(recent_) + vector_heap_bytes(precision_) + vector_heap_bytes(forgotten_) +

@@ -30,6 +30,24 @@ class TraceTest : public ::testing::Test {
   }
   static std::string header() { return "{\"format\":\"spillway-trace\",\"version\":1,\"source\":\"test\"}\n"; }
 
+  // Writes `name` (compressed as its suffix says) with a header and `events` allocs, block
+  // i + 1 of 100 + i * `growth` bytes; returns the file's bytes.
+  std::string write_allocs(const std::string& name, int events, std::uint64_t growth) {
+    std::string path = (dir_ / name).string();
+    Writer w(path);
+    w.write_header("t");
+    for (int i = 0; i < events; ++i) {
+      Event a;
+      a.kind = EventKind::alloc;
+      a.id = static_cast<std::uint64_t>(i + 1);
+      a.bytes = 100 + growth * static_cast<std::uint64_t>(i);
+      w.write(a);
+    }
+    w.close();
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+
   // Reads `body` (after a valid header) and returns the error message, "" if none.
   std::string error_of(const std::string& body, bool with_header = true) {
     std::string path = write("t.jsonl", (with_header ? header() : "") + body);
@@ -168,21 +186,7 @@ TEST_F(TraceTest, TruncatedGzip) {
 // compressed data end; a member cut short is rejected as truncated. Members concatenated
 // whole (as `cat a.gz b.gz` makes) are one stream.
 TEST_F(TraceTest, GzipWithTrailingGarbageIsRejectedNamingTheOffset) {
-  auto gz_trace = [&](const std::string& name, int events) {
-    std::string path = (dir_ / name).string();
-    Writer w(path);
-    w.write_header("t");
-    for (int i = 0; i < events; ++i) {
-      Event a;
-      a.kind = EventKind::alloc;
-      a.id = static_cast<std::uint64_t>(i + 1);
-      a.bytes = 100;
-      w.write(a);
-    }
-    w.close();
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
+  auto gz_trace = [&](const std::string& name, int events) { return write_allocs(name, events, 0); };
   const std::string whole = gz_trace("a.jsonl.gz", 3);
   const std::string garbage = "\x78\x9c\x01\x02 not a gzip member at all";
   std::string damaged = (dir_ / "damaged.jsonl.gz").string();
@@ -246,21 +250,7 @@ TEST_F(TraceTest, GzipCutInsideAMemberIsTruncated) {
 // same checks as gzip: a frame cut short is truncated, bytes after the last frame that are
 // not another frame name the offset, frames concatenated whole are one stream.
 TEST_F(TraceTest, ZstdRoundTripsAndIsCheckedAsGzipIs) {
-  auto zst_trace = [&](const std::string& name, int events) {
-    std::string path = (dir_ / name).string();
-    Writer w(path);
-    w.write_header("t");
-    for (int i = 0; i < events; ++i) {
-      Event a;
-      a.kind = EventKind::alloc;
-      a.id = static_cast<std::uint64_t>(i + 1);
-      a.bytes = 100 + static_cast<std::uint64_t>(i);
-      w.write(a);
-    }
-    w.close();
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
+  auto zst_trace = [&](const std::string& name, int events) { return write_allocs(name, events, 1); };
   const std::string whole = zst_trace("z.jsonl.zst", 5000);
   ASSERT_GE(whole.size(), 4u);
   EXPECT_EQ(whole.substr(0, 4), std::string("\x28\xb5\x2f\xfd", 4));  // a zstd frame, not plain text

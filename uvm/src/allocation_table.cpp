@@ -128,7 +128,7 @@ std::uint64_t AllocationTable::bytes() const {
 std::uint64_t AllocationTable::state_bytes() const {
   std::shared_lock lock(mutex_);
   return tree_heap_bytes<decltype(blocks_)>(blocks_.size()) +
-         index_.pages() * (heap_block_bytes(sizeof(Index::Page)) + heap_block_bytes(4 * sizeof(void*)));
+         index_.heap_bytes();
 }
 
 }  // namespace spillway

@@ -125,7 +125,7 @@ class Engine::Residency final : public VictimQuery {
   std::uint64_t state_bytes() const {
     std::uint64_t held = 0;
     for (const auto& f : in_flight) held += vector_heap_bytes(f.second);
-    return index_.pages() * (heap_block_bytes(sizeof(Index::Page)) + heap_block_bytes(4 * sizeof(void*))) +
+    return index_.heap_bytes() +
            vector_heap_bytes(nodes_) + vector_heap_bytes(free_) + vector_heap_bytes(in_flight) + held;
   }
 

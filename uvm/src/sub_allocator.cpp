@@ -219,7 +219,7 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> SubAllocator::take_empty_ra
 
 std::uint64_t SubAllocator::state_bytes() const {
   return tree_heap_bytes<decltype(ranges_)>(ranges_.size()) * 3 + vector_heap_bytes(slabs_) + vector_heap_bytes(free_slab_ids_) +
-         slab_of_.pages() * heap_block_bytes(sizeof(decltype(slab_of_)::Page)) + partial_.size() * 8 * 9 / 8;
+         slab_of_.heap_bytes() + partial_.size() * 8 * 9 / 8;
 }
 
 }  // namespace spillway

@@ -11,6 +11,8 @@
 #include <memory>
 #include <unordered_map>
 
+#include "spillway/state_bytes.h"
+
 namespace spillway {
 
 // Slots of T, value-initialised, for chunk indices (address / 2 MiB). A page's address is
@@ -97,6 +99,8 @@ class ChunkPages {
     }
   }
   std::size_t pages() const { return pages_.size(); }
+  // Heap bytes held: the pages and their map's nodes and buckets (spillway/state_bytes.h).
+  std::uint64_t heap_bytes() const { return pages_.size() * heap_block_bytes(sizeof(Page)) + hash_heap_bytes(pages_); }
 
  private:
   std::unordered_map<std::uint64_t, std::unique_ptr<Page>> pages_;  // chunk >> PageBits -> page
