@@ -1,12 +1,16 @@
 // spillway: the command-line front end.
 //   spillway run [options] -- CMD [ARGS...]   run CMD with libspillway.so preloaded
+//   spillway info [options] [--json]          what Spillway would do on this machine
 #include <algorithm>
 #include <unistd.h>
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <regex>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,7 +18,9 @@
 #include <fmt/format.h>
 
 #include "spillway/config.h"
+#include "spillway/output_file.h"
 #include "spillway/policy.h"
+#include "info_command.h"
 #include "sim_commands.h"
 
 namespace {
@@ -48,6 +54,100 @@ std::string options_help() {
   return out;
 }
 
+// The regular files an earlier run wrote under the output pattern `pattern`
+// (spillway/output_file.h): the name itself, or where the last component holds %p or %r,
+// every file of its folder that the pattern names for some process id and rank (decimal
+// numbers). A pattern with '%' in its folders is left alone.
+void remove_earlier_outputs(const std::string& pattern) {
+  std::error_code ec;
+  const fs::path path(pattern);
+  const std::string folder = path.parent_path().string();
+  const std::string name = path.filename().string();
+  if (folder.find('%') != std::string::npos) return;
+  if (name.find("%p") == std::string::npos && name.find("%r") == std::string::npos) {
+    const std::string file = spillway::expand_output_pattern(pattern, 0, "0");  // (only %% is left)
+    if (fs::symlink_status(file, ec).type() == fs::file_type::regular) fs::remove(file, ec);
+    return;
+  }
+  std::string expression;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '%' && i + 1 < name.size() && (name[i + 1] == 'p' || name[i + 1] == 'r')) {
+      expression += "[0-9]+";
+      ++i;
+      continue;
+    }
+    if (name[i] == '%' && i + 1 < name.size() && name[i + 1] == '%') ++i;
+    if (std::strchr(".^$|()[]{}*+?\\", name[i]) != nullptr) expression += '\\';
+    expression += name[i];
+  }
+  const std::regex matches(expression);
+  for (const fs::directory_entry& entry : fs::directory_iterator(folder.empty() ? "." : folder, ec)) {
+    if (entry.symlink_status(ec).type() == fs::file_type::regular &&
+        std::regex_match(entry.path().filename().string(), matches)) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+}
+
+// The setting options `run` and `info` share: each sets one SPILLWAY_* variable.
+class SettingOptions {
+ public:
+  explicit SettingOptions(CLI::App* cmd) {
+    for (const Flag& f : flags()) cmd->add_option(f.name, values_[f.variable], f.help);
+    cmd->add_flag("--disable", disable_, "load the shim but pass every call through (SPILLWAY_DISABLE=1)");
+  }
+
+  // (variable, value) for each option given, in the table's order; paths made absolute.
+  std::vector<std::pair<std::string, std::string>> settings() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const Flag& f : flags()) {
+      const std::string& v = values_.at(f.variable);
+      if (!v.empty()) out.emplace_back(f.variable, f.path ? fs::absolute(v).string() : v);
+    }
+    if (disable_) out.emplace_back("SPILLWAY_DISABLE", "1");
+    return out;
+  }
+
+ private:
+  struct Flag {
+    const char* name;
+    const char* variable;
+    std::string help;
+    bool path = false;
+  };
+  static const std::vector<Flag>& flags() {
+    static const std::vector<Flag> f{
+        {"--budget", "SPILLWAY_BUDGET", "GPU bytes to plan for (SPILLWAY_BUDGET), e.g. 4GiB or 60%"},
+        {"--max-managed", "SPILLWAY_MAX_MANAGED", "cap on total managed bytes (SPILLWAY_MAX_MANAGED), e.g. 24GiB or 80%"},
+        {"--policy", "SPILLWAY_POLICY",
+         fmt::format("policy (SPILLWAY_POLICY): {} (default learned)", fmt::join(spillway::policy_names(), ", "))},
+        {"--report", "SPILLWAY_REPORT",
+         "write statistics as JSON to FILE at exit (SPILLWAY_REPORT; %p = process id, %r = rank)", true},
+        {"--trace", "SPILLWAY_TRACE",
+         "record a trace (format v1) of what the Engine sees to FILE (SPILLWAY_TRACE; .gz: gzip, .zst: zstd; %p, %r as "
+         "for --report); replay it with `spillway replay`",
+         true},
+        {"--trace-window", "SPILLWAY_TRACE_WINDOW",
+         "record only part of the run (SPILLWAY_TRACE_WINDOW): last:N (the last N launches, written at exit) or "
+         "W+N (N launches after the first W, then the file is closed)"},
+        {"--state-memory", "SPILLWAY_STATE_MEMORY", "host memory Spillway's own state may take (SPILLWAY_STATE_MEMORY), e.g. 256MiB"},
+        {"--log", "SPILLWAY_LOG", "error, warn, info or debug (SPILLWAY_LOG); info prints the report at exit"},
+        {"--exclude", "SPILLWAY_EXCLUDE", "libraries whose allocations stay device memory (SPILLWAY_EXCLUDE), e.g. libnccl,libfoo"},
+        {"--framework-allocator", "SPILLWAY_FRAMEWORK_ALLOCATOR",
+         "per-tensor (default: sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, XLA_PYTHON_CLIENT_ALLOCATOR=platform, "
+         "XLA_PYTHON_CLIENT_PREALLOCATE=false unless set) or keep (the frameworks keep their caches) "
+         "(SPILLWAY_FRAMEWORK_ALLOCATOR)"},
+        {"--suballocator", "SPILLWAY_SUBALLOCATOR", "on or off (SPILLWAY_SUBALLOCATOR): carve allocations from managed ranges"},
+        {"--fault-feedback", "SPILLWAY_FAULT_FEEDBACK",
+         "on or off (SPILLWAY_FAULT_FEEDBACK): give `learned` the driver's GPU page faults through CUPTI"},
+    };
+    return f;
+  }
+
+  std::map<std::string, std::string> values_;
+  bool disable_ = false;
+};
+
 int run(const std::vector<std::pair<std::string, std::string>>& settings, const std::vector<std::string>& command) {
   spillway::Config config;
   for (const auto& [variable, value] : settings) {
@@ -63,10 +163,7 @@ int run(const std::vector<std::pair<std::string, std::string>>& settings, const 
     // The run's trace and report replace those of an earlier run. Each process of the run
     // creates its file exclusively (spillway/output_file.h): the first takes the name given.
     // (Regular files only: a FIFO, a device or a symbolic link is the user's to keep.)
-    if (variable == "SPILLWAY_TRACE" || variable == "SPILLWAY_REPORT") {
-      std::error_code ec;
-      if (fs::symlink_status(value, ec).type() == fs::file_type::regular) fs::remove(value, ec);
-    }
+    if (variable == "SPILLWAY_TRACE" || variable == "SPILLWAY_REPORT") remove_earlier_outputs(value);
   }
   // The frameworks' per-tensor modes (issue 12; docs/configuration.md), each unless the
   // user set it: every tensor is then a cudaMalloc/cudaFree the shim's sub-allocator serves.
@@ -110,35 +207,20 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "spillway " SPILLWAY_VERSION);
 
   CLI::App* run_cmd = app.add_subcommand("run", "Run CMD with libspillway.so preloaded (LD_PRELOAD) and the given settings.");
-  std::string budget, max_managed, policy, report, log_level, exclude, trace, trace_window, framework_allocator, suballocator,
-      fault_feedback, state_memory;
-  bool disable = false;
-  run_cmd->add_option("--budget", budget, "GPU bytes to plan for (SPILLWAY_BUDGET), e.g. 4GiB or 60%");
-  run_cmd->add_option("--max-managed", max_managed, "cap on total managed bytes (SPILLWAY_MAX_MANAGED), e.g. 24GiB or 80%");
-  run_cmd->add_option("--policy", policy, fmt::format("policy (SPILLWAY_POLICY): {}", fmt::join(spillway::policy_names(), ", ")));
-  run_cmd->add_option("--report", report, "write statistics as JSON to FILE at exit (SPILLWAY_REPORT)");
-  run_cmd->add_option("--trace", trace, "record a trace (format v1) of what the Engine sees to FILE (SPILLWAY_TRACE; .gz: gzip, .zst: zstd); replay it with `spillway replay`");
-  run_cmd->add_option("--trace-window", trace_window,
-                      "record only part of the run (SPILLWAY_TRACE_WINDOW): last:N (the last N launches, written at exit) or "
-                      "W+N (N launches after the first W, then the file is closed)");
-  run_cmd->add_option("--state-memory", state_memory,
-                      "host memory Spillway's own state may take (SPILLWAY_STATE_MEMORY), e.g. 256MiB");
-  run_cmd->add_option("--log", log_level, "error, warn, info or debug (SPILLWAY_LOG); info prints the report at exit");
-  run_cmd->add_option("--exclude", exclude, "libraries whose allocations stay device memory (SPILLWAY_EXCLUDE), e.g. libnccl,libfoo");
-  run_cmd->add_option("--framework-allocator", framework_allocator,
-                      "per-tensor (default: sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, XLA_PYTHON_CLIENT_ALLOCATOR=platform, "
-                      "XLA_PYTHON_CLIENT_PREALLOCATE=false unless set) or keep (the frameworks keep their caches) "
-                      "(SPILLWAY_FRAMEWORK_ALLOCATOR)");
-  run_cmd->add_option("--suballocator", suballocator, "on or off (SPILLWAY_SUBALLOCATOR): carve allocations from managed ranges");
-  run_cmd->add_option("--fault-feedback", fault_feedback,
-                      "on or off (SPILLWAY_FAULT_FEEDBACK): give `learned` the driver's GPU page faults through CUPTI");
-  run_cmd->add_flag("--disable", disable, "load the shim but pass every call through (SPILLWAY_DISABLE=1)");
+  SettingOptions run_settings(run_cmd);
   std::vector<std::string> command;
   run_cmd->add_option("command", command, "the program and its arguments, after --")->required();
   run_cmd->footer(options_help() +
                   "\nSizes: 123, 4KiB, 512MiB, 8GiB, 1.5TB (KiB/MiB/GiB = 1024-based, KB/MB/GB = 1000-based).\n"
                   "The exit status is CMD's; 2 means a bad option, 126/127 that CMD could not be run.");
   run_cmd->prefix_command(false);
+
+  CLI::App* info_cmd = app.add_subcommand(
+      "info", "What Spillway would do here: driver and CUDA versions, each device, CUPTI, the budget and host cap, "
+              "and every setting with where it came from (the same options as run).");
+  SettingOptions info_settings(info_cmd);
+  bool info_json = false;
+  info_cmd->add_flag("--json", info_json, "print one JSON object instead of the table");
 
   spillway::cli::SimCommands sim_commands(app);  // `sweep` and `replay` (issue 3)
 
@@ -149,25 +231,7 @@ int main(int argc, char** argv) {
   }
 
   if (sim_commands.parsed()) return sim_commands.run();
-  if (run_cmd->parsed()) {
-    std::vector<std::pair<std::string, std::string>> settings;
-    auto add = [&settings](const char* variable, const std::string& value) {
-      if (!value.empty()) settings.emplace_back(variable, value);
-    };
-    add("SPILLWAY_BUDGET", budget);
-    add("SPILLWAY_MAX_MANAGED", max_managed);
-    add("SPILLWAY_POLICY", policy);
-    add("SPILLWAY_REPORT", report.empty() ? std::string() : fs::absolute(report).string());
-    add("SPILLWAY_TRACE", trace.empty() ? std::string() : fs::absolute(trace).string());
-    add("SPILLWAY_TRACE_WINDOW", trace_window);
-    add("SPILLWAY_STATE_MEMORY", state_memory);
-    add("SPILLWAY_LOG", log_level);
-    add("SPILLWAY_EXCLUDE", exclude);
-    add("SPILLWAY_FRAMEWORK_ALLOCATOR", framework_allocator);
-    add("SPILLWAY_SUBALLOCATOR", suballocator);
-    add("SPILLWAY_FAULT_FEEDBACK", fault_feedback);
-    if (disable) settings.emplace_back("SPILLWAY_DISABLE", "1");
-    return run(settings, command);
-  }
+  if (run_cmd->parsed()) return run(run_settings.settings(), command);
+  if (info_cmd->parsed()) return spillway::cli::info_command(info_settings.settings(), find_shim(), info_json);
   return 0;
 }

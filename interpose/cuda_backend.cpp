@@ -37,23 +37,6 @@ CUmemLocation location_of(Location where, int device) {
   return loc;
 }
 
-// Host RAM, bounded by the cgroup's memory limit when one is set.
-std::uint64_t read_host_memory() {
-  long pages = sysconf(_SC_PHYS_PAGES);
-  long page = sysconf(_SC_PAGE_SIZE);
-  std::uint64_t bytes = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
-  std::ifstream in("/sys/fs/cgroup/memory.max");
-  std::string text;
-  if (in >> text && text != "max") {
-    try {
-      std::uint64_t limit = std::stoull(text);
-      if (limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
-    } catch (...) {
-    }
-  }
-  return bytes;
-}
-
 }  // namespace
 
 CUresult to_cuda(const Result& r) {
@@ -95,7 +78,7 @@ Result CudaBackend::memory_info(std::uint64_t* free_bytes, std::uint64_t* total_
 }
 
 std::uint64_t CudaBackend::host_memory_bytes() {
-  static const std::uint64_t bytes = read_host_memory();
+  static const std::uint64_t bytes = read_host_memory_bytes();  // (config.h)
   return bytes;
 }
 

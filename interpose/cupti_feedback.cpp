@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "shim.h"
+#include "spillway/cupti_library.h"
 #include "spillway/log.h"
 
 #if SPILLWAY_HAVE_CUPTI
@@ -22,9 +23,6 @@
 
 namespace spillway::interpose {
 namespace {
-
-// The sonames tried, newest first (open_cupti, next_cupti).
-constexpr const char* kCuptiSonames[] = {"libcupti.so.13", "libcupti.so.12", "libcupti.so"};
 
 enum : int { kNotStarted = 0, kActive = 1, kOff = 2 };
 std::atomic<int> g_state{kNotStarted};
@@ -110,25 +108,6 @@ Records& records() {
 }
 std::atomic<bool> g_queued{false};
 thread_local int t_pushed = 0;
-
-void* open_cupti() {
-  for (const char* name : kCuptiSonames) {
-    if (void* h = dlopen(name, RTLD_NOW | RTLD_NOLOAD)) return h;
-  }
-  for (const char* name : kCuptiSonames) {
-    if (void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return h;
-  }
-  std::vector<std::string> roots;
-  if (const char* home = std::getenv("CUDA_HOME"); home != nullptr && *home != '\0') roots.emplace_back(home);
-  roots.emplace_back("/usr/local/cuda");
-  for (const std::string& root : roots) {
-    for (const char* dir : {"/extras/CUPTI/lib64/", "/lib64/", "/lib/"}) {
-      const std::string path = root + dir + "libcupti.so";
-      if (void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return h;
-    }
-  }
-  return nullptr;
-}
 
 template <typename F>
 bool resolve(void* handle, const char* name, F& out) {
@@ -265,9 +244,9 @@ bool start_locked(int device) {
     set_off("off: another CUPTI client registered first");
     return false;
   }
-  void* h = open_cupti();
+  void* h = open_cupti_library();  // (spillway/cupti_library.h)
   if (h == nullptr) {
-    set_off("off: libcupti not found (dlopen libcupti.so.13/.12/.so, $CUDA_HOME or /usr/local/cuda/extras/CUPTI/lib64)");
+    set_off(std::string("off: libcupti not found (") + kCuptiSearchText + ")");
     return false;
   }
   Api a;
@@ -472,7 +451,7 @@ namespace {
 template <typename F>
 F next_cupti(const char* name) {
   if (void* f = dlsym(RTLD_NEXT, name)) return reinterpret_cast<F>(f);
-  for (const char* soname : spillway::interpose::kCuptiSonames) {
+  for (const char* soname : spillway::kCuptiSonames) {
     if (void* h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD)) {
       void* f = spillway::interpose::real_dlsym()(h, name);
       dlclose(h);  // (NOLOAD took a reference)

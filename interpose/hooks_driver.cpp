@@ -21,16 +21,37 @@ constexpr std::uint64_t kPitchAlignment = 512;
 
 CUstream per_thread(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
 
+// A passed-through allocation, once the driver has made it, occupies the device outside
+// managed memory: the Engine's budget counts it while it lives (Engine::note_device_memory).
+CUresult count_outside(CUresult r, const CUdeviceptr* dptr, std::uint64_t bytes) {
+  if (r == CUDA_SUCCESS && dptr != nullptr && *dptr != 0) {
+    if (Engine* e = engine()) e->note_device_memory(Engine::DeviceMemory::allocation, *dptr, bytes);
+  }
+  return r;
+}
+
+// A free the driver carries out (the block is not ours): its bytes leave the count.
+void released_outside(CUdeviceptr dptr) {
+  if (Engine* e = engine(); e != nullptr && dptr != 0) e->note_device_memory_released(Engine::DeviceMemory::allocation, dptr);
+}
+
 // Redirects one device allocation to managed memory, or returns nullopt to pass it through.
-// Counts every allocation it passes through (once: callers do not count again).
+// Counts every allocation it passes through (once: callers do not count again). *outside
+// (when given) says whether a passed-through allocation is device memory the budget must
+// count once the driver has made it: not a graph memory node (its memory belongs to the
+// graph), nor a call the driver will refuse.
 // A stream-ordered allocation is left to the driver when its stream is being captured: it
 // becomes a graph memory node, whose memory lives as long as the graph and is reused by the
 // driver only when the graph's own free node has run ("Graph Memory Nodes", CUDA Programming
 // Guide). It is also left to the driver when the stream is unknown: the driver's own error.
 std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes, AllocKind kind,
-                                         StreamHandle stream, bool stream_ordered = false) {
+                                         StreamHandle stream, bool stream_ordered = false, bool* outside = nullptr) {
   interpose::note_driver_alloc_hook_ran();
+  bool ignored = false;
+  bool& counts = outside != nullptr ? *outside : ignored;
+  counts = false;
   if (dptr == nullptr || bytes == 0) return std::nullopt;  // the driver reports its own error
+  counts = true;
   Engine* e = engine_for_allocation();
   if (e == nullptr) {
     if (Engine* any = engine()) any->note_passed_through(false);
@@ -48,8 +69,12 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
   if (stream_ordered) {
     bool capturing = false;
     std::uint64_t capture = 0;
-    if (interpose::capture_of(reinterpret_cast<CUstream>(stream), &capturing, &capture) != CUDA_SUCCESS) return std::nullopt;
+    if (interpose::capture_of(reinterpret_cast<CUstream>(stream), &capturing, &capture) != CUDA_SUCCESS) {
+      counts = false;
+      return std::nullopt;
+    }
     if (capturing) {
+      counts = false;
       e->note_passed_through(false);
       return std::nullopt;
     }
@@ -71,8 +96,12 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
 // call's NULL stream); the real function is called with the caller's own argument.
 CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, CUstream mapped,
                      CUresult (*real_fn)(CUdeviceptr*, size_t, CUstream)) {
-  if (auto r = allocate_managed(dptr, bytes, AllocKind::async, reinterpret_cast<StreamHandle>(mapped), true)) return *r;
-  return real_fn(dptr, bytes, stream);
+  bool outside = false;
+  if (auto r = allocate_managed(dptr, bytes, AllocKind::async, reinterpret_cast<StreamHandle>(mapped), true, &outside)) {
+    return *r;
+  }
+  CUresult r = real_fn(dptr, bytes, stream);
+  return outside ? count_outside(r, dptr, bytes) : r;
 }
 
 bool is_default_pool(CUmemoryPool pool) {
@@ -88,14 +117,20 @@ CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUs
                          CUresult (*real_fn)(CUdeviceptr*, size_t, CUmemoryPool, CUstream)) {
   // Only the device's default pool is turned into managed memory: a pool the program made
   // itself carries properties (IPC export, location, release threshold) we cannot honour.
+  bool outside = false;
   if (pool != nullptr && is_default_pool(pool)) {
-    if (auto r = allocate_managed(dptr, bytes, AllocKind::pool_async, reinterpret_cast<StreamHandle>(mapped), true)) {
+    if (auto r = allocate_managed(dptr, bytes, AllocKind::pool_async, reinterpret_cast<StreamHandle>(mapped), true,
+                                  &outside)) {
       return *r;
     }
   } else if (Engine* e = engine(); e != nullptr && dptr != nullptr && bytes != 0) {
     e->note_passed_through(false);
+    bool capturing = false;
+    std::uint64_t capture = 0;
+    outside = interpose::capture_of(mapped, &capturing, &capture) == CUDA_SUCCESS && !capturing;
   }
-  return real_fn(dptr, bytes, pool, stream);
+  CUresult r = real_fn(dptr, bytes, pool, stream);
+  return outside ? count_outside(r, dptr, bytes) : r;
 }
 
 // A stream-ordered free of a managed block. On a capturing stream it is a free node of the
@@ -116,7 +151,9 @@ CUresult free_async(CUdeviceptr dptr, CUstream stream, CUstream mapped, CUresult
     Result r = e->release(dptr, reinterpret_cast<StreamHandle>(mapped), &ours);
     if (ours) return interpose::to_cuda(r);
   }
-  return real_fn(dptr, stream);
+  CUresult r = real_fn(dptr, stream);
+  if (r == CUDA_SUCCESS) released_outside(dptr);
+  return r;
 }
 
 void substitute_out(CUresult r, void** pfn) {
@@ -144,8 +181,10 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cu
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   interpose::ensure_driver();
-  if (auto r = allocate_managed(dptr, bytesize, AllocKind::alloc, 0)) return *r;
-  return real().cuMemAlloc_v2(dptr, bytesize);
+  bool outside = false;
+  if (auto r = allocate_managed(dptr, bytesize, AllocKind::alloc, 0, false, &outside)) return *r;
+  CUresult r = real().cuMemAlloc_v2(dptr, bytesize);
+  return outside ? count_outside(r, dptr, bytesize) : r;
 }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInBytes, size_t Height,
@@ -153,17 +192,19 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInByt
   interpose::ensure_driver();
   bool valid = dptr != nullptr && pPitch != nullptr && WidthInBytes != 0 && Height != 0 &&
                (ElementSizeBytes == 4 || ElementSizeBytes == 8 || ElementSizeBytes == 16);
+  bool outside = false;
   if (valid) {
     std::uint64_t pitch = (static_cast<std::uint64_t>(WidthInBytes) + kPitchAlignment - 1) / kPitchAlignment * kPitchAlignment;
     std::uint64_t bytes = pitch * Height;
     if (bytes / Height == pitch) {
-      if (auto r = allocate_managed(dptr, bytes, AllocKind::pitch, 0)) {
+      if (auto r = allocate_managed(dptr, bytes, AllocKind::pitch, 0, false, &outside)) {
         if (*r == CUDA_SUCCESS) *pPitch = pitch;
         return *r;
       }
     }
   }
-  return real().cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+  CUresult r = real().cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+  return outside && r == CUDA_SUCCESS ? count_outside(r, dptr, static_cast<std::uint64_t>(*pPitch) * Height) : r;
 }
 
 CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
@@ -193,7 +234,33 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
     Result r = e->release(dptr, std::nullopt, &ours);
     if (ours) return interpose::to_cuda(r);
   }
-  return real().cuMemFree_v2(dptr);
+  CUresult r = real().cuMemFree_v2(dptr);
+  if (r == CUDA_SUCCESS) released_outside(dptr);
+  return r;
+}
+
+// VMM (cuMemCreate/cuMemRelease): physical memory the program maps itself (PyTorch's
+// expandable segments, XLA's VMM allocator). Passed through; memory on a device counts
+// against the budget from its creation to its release (the driver frees it once the handle
+// is released and every mapping of it is unmapped: CUDA Driver API, "Virtual Memory
+// Management"; counting until the release is a bound from below).
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                     unsigned long long flags) {
+  interpose::ensure_driver();
+  CUresult r = real().cuMemCreate(handle, size, prop, flags);
+  if (r == CUDA_SUCCESS && handle != nullptr && prop != nullptr && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    if (Engine* e = engine()) e->note_device_memory(Engine::DeviceMemory::vmm, *handle, size);
+  }
+  return r;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  interpose::ensure_driver();
+  CUresult r = real().cuMemRelease(handle);
+  if (r == CUDA_SUCCESS) {
+    if (Engine* e = engine()) e->note_device_memory_released(Engine::DeviceMemory::vmm, handle);
+  }
+  return r;
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {

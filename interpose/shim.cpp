@@ -316,11 +316,12 @@ __attribute__((destructor)) void write_exit_report() {
     if (!g_state->config.report_path.empty()) {
       // A file of this process's own (output_file.h): other processes of the run may write one too.
       std::string err;
-      std::string path = claim_output_file(g_state->config.report_path, &err);
+      const std::string wanted = expand_output_pattern(g_state->config.report_path);  // %p, %r
+      std::string path = claim_output_file(wanted, &err);
       if (!path.empty()) {
-        if (path != g_state->config.report_path) {
-          log(LogLevel::warn, "SPILLWAY_REPORT: '{}' exists; process {} writes its report to '{}'",
-              g_state->config.report_path, static_cast<long>(getpid()), path);
+        if (path != wanted) {
+          log(LogLevel::warn, "SPILLWAY_REPORT: '{}' exists; process {} writes its report to '{}'", wanted,
+              static_cast<long>(getpid()), path);
         }
         err = write_report(path, s);
       }

@@ -249,7 +249,8 @@ class TraceRecorder final : public EngineObserver {
     opened_ = true;
     owner_ = getpid();
     std::string err;
-    const std::string path = claim_output_file(path_, &err);
+    const std::string wanted = expand_output_pattern(path_);  // %p, %r (output_file.h)
+    const std::string path = claim_output_file(wanted, &err);
     try {
       if (path.empty()) throw std::runtime_error(err);
       writer_ = std::make_unique<trace::Writer>(path);
@@ -259,8 +260,8 @@ class TraceRecorder final : public EngineObserver {
       writer_.reset();
       return;
     }
-    if (path != path_) {
-      log(LogLevel::warn, "SPILLWAY_TRACE: '{}' exists; process {} records its trace to '{}'", path_,
+    if (path != wanted) {
+      log(LogLevel::warn, "SPILLWAY_TRACE: '{}' exists; process {} records its trace to '{}'", wanted,
           static_cast<long>(owner_), path);
     }
   }

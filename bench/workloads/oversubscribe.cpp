@@ -4,8 +4,13 @@
 // CUDA_ERROR_OUT_OF_MEMORY; under `spillway run` every block is managed memory and the
 // program completes.
 //
-//   spillway-oversubscribe [--total BYTES] [--block BYTES]
-// Defaults: total = twice the GPU's memory, at most 12 GiB; block = 64 MiB.
+//   spillway-oversubscribe [--total BYTES] [--block BYTES] [--passes N]
+// Defaults: total = twice the GPU's memory, at most 12 GiB; block = 64 MiB; passes = 0.
+// --passes N then runs N passes over the blocks in order, each a kernel (fill_u32) per
+// block writing the pass's value, as a training loop walks its layers: a pattern a
+// prefetching policy can learn. The kernel is PTX for sm_90 (Hopper or newer); on the fake
+// driver of tests/fakecuda, whose modules are text descriptions, the same kernel is loaded
+// by its description.
 #include <cuda.h>
 
 #include <cstdio>
@@ -41,15 +46,53 @@ unsigned long long parse_bytes(const char* text) {
 
 double gib(unsigned long long b) { return static_cast<double>(b) / (1ull << 30); }
 
+// fill_u32(u32* p, u64 count, u32 value): p[i] = value for i < count, a grid-stride loop
+// (the kernel of bench/workloads/launch_check.cpp).
+const char* kFillPtx = R"(
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry fill_u32(.param .u64 fp0, .param .u64 fp1, .param .u32 fp2)
+{
+  .reg .pred %p<2>;
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<10>;
+  ld.param.u64 %rd1, [fp0];
+  ld.param.u64 %rd2, [fp1];
+  ld.param.u32 %r1, [fp2];
+  cvta.to.global.u64 %rd3, %rd1;
+  mov.u32 %r2, %ctaid.x;
+  mov.u32 %r3, %ntid.x;
+  mov.u32 %r4, %tid.x;
+  mad.lo.u32 %r5, %r2, %r3, %r4;
+  cvt.u64.u32 %rd4, %r5;
+  mov.u32 %r6, %nctaid.x;
+  mul.wide.u32 %rd5, %r6, %r3;
+L1:
+  setp.ge.u64 %p1, %rd4, %rd2;
+  @%p1 bra L2;
+  shl.b64 %rd6, %rd4, 2;
+  add.s64 %rd7, %rd3, %rd6;
+  st.global.u32 [%rd7], %r1;
+  add.s64 %rd4, %rd4, %rd5;
+  bra L1;
+L2:
+  ret;
+}
+)";
+const char* kFakeImage = "fill_u32(8,8,4)";  // tests/fakecuda's module description
+
 }  // namespace
 
 int main(int argc, char** argv) {
   unsigned long long total = 0, block = 64ull << 20;
+  long passes = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--total") && i + 1 < argc) total = parse_bytes(argv[++i]);
     else if (!std::strcmp(argv[i], "--block") && i + 1 < argc) block = parse_bytes(argv[++i]);
+    else if (!std::strcmp(argv[i], "--passes") && i + 1 < argc && (passes = std::strtol(argv[i + 1], nullptr, 10)) >= 0) ++i;
     else {
-      std::fprintf(stderr, "usage: %s [--total BYTES] [--block BYTES]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--total BYTES] [--block BYTES] [--passes N]\n", argv[0]);
       return 2;
     }
   }
@@ -86,14 +129,33 @@ int main(int argc, char** argv) {
     done += n;
   }
   CHECK(cuCtxSynchronize());
+  // The passes: block i holds (i + 1) + 1000 * pass after pass `pass`.
+  if (passes > 0) {
+    CUmodule module = nullptr;
+    if (cuModuleLoadData(&module, kFillPtx) != CUDA_SUCCESS) CHECK(cuModuleLoadData(&module, kFakeImage));
+    CUfunction fill = nullptr;
+    CHECK(cuModuleGetFunction(&fill, module, "fill_u32"));
+    for (long pass = 1; pass <= passes; ++pass) {
+      for (size_t i = 0; i < blocks.size(); ++i) {
+        CUdeviceptr p = blocks[i];
+        unsigned long long count = std::min(block, total - i * block) / 4;
+        unsigned value = static_cast<unsigned>(i + 1 + 1000 * pass);
+        void* params[] = {&p, &count, &value};
+        CHECK(cuLaunchKernel(fill, 1024, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr));
+      }
+    }
+    CHECK(cuCtxSynchronize());
+    std::printf("%ld passes of %zu kernels, one per block\n", passes, blocks.size());
+  }
   // Read back the first and the last word of every block.
   for (size_t i = 0; i < blocks.size(); ++i) {
     unsigned long long n = std::min(block, total - i * block);
     unsigned int first = 0, last = 0;
     CHECK(cuMemcpyDtoH(&first, blocks[i], 4));
     CHECK(cuMemcpyDtoH(&last, blocks[i] + n / 4 * 4 - 4, 4));
-    if (first != i + 1 || last != i + 1) {
-      std::printf("block %zu holds %u/%u, expected %zu: data lost\n", i, first, last, i + 1);
+    const unsigned want = static_cast<unsigned>(i + 1 + 1000 * passes);
+    if (first != want || last != want) {
+      std::printf("block %zu holds %u/%u, expected %u: data lost\n", i, first, last, want);
       return 1;
     }
   }

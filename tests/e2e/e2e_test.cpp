@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -509,7 +511,7 @@ TEST(Report, JsonHasTheCounts) {
   RunResult r = program("alloc_paths", {"cuMemAllocAsync"}, fake_env(true, {{"SPILLWAY_REPORT", report}}));
   ASSERT_EQ(r.status, 0) << describe(r);
   nlohmann::json j = read_report(report);
-  EXPECT_EQ(j["policy"], "demand") << j.dump();
+  EXPECT_EQ(j["policy"], "learned") << "the default policy: " << j.dump();
   EXPECT_EQ(j["allocations"]["redirected"], 1) << j.dump();
   EXPECT_EQ(j["allocations"]["frees"], 1) << j.dump();
   EXPECT_EQ(j["allocations"]["frees_deferred"], 1) << j.dump();
@@ -524,6 +526,58 @@ TEST(Report, UnwritableReportIsOneErrorLineAndTheProgramSucceeds) {
   EXPECT_EQ(r.status, 0) << describe(r);
   ASSERT_EQ(r.err_lines().size(), 1u) << r.err;
   EXPECT_NE(r.err.find(report), std::string::npos) << r.err;
+}
+
+// The names of the files in `dir`, sorted.
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+TEST(Report, PatternGivesEachRankAndProcessAFileOfItsOwn) {
+  const std::string dir = temp_dir();
+  const std::string pattern = dir + "/r-%r-%p.json";
+  // torchrun sets RANK (global) and LOCAL_RANK (on the node): %r is RANK, else LOCAL_RANK, else 0.
+  RunResult a = program("alloc_paths", {"cuMemAlloc"}, fake_env(true, {{"SPILLWAY_REPORT", pattern}, {"RANK", "3"}, {"LOCAL_RANK", "1"}}));
+  RunResult b = program("alloc_paths", {"cuMemAlloc"}, fake_env(true, {{"SPILLWAY_REPORT", pattern}, {"RANK", "x"}, {"LOCAL_RANK", "1"}}));
+  RunResult c = program("alloc_paths", {"cuMemAlloc"}, fake_env(true, {{"SPILLWAY_REPORT", dir + "/%%r-%r.json"}}));
+  for (const RunResult* r : {&a, &b, &c}) {
+    ASSERT_EQ(r->status, 0) << describe(*r);
+    EXPECT_EQ(r->err, "");
+  }
+  std::vector<std::string> names = files_in(dir);
+  ASSERT_EQ(names.size(), 3u) << ::testing::PrintToString(names);
+  EXPECT_EQ(names[0], "%r-0.json");
+  std::set<std::string> pids;
+  for (std::size_t i = 1; i < 3; ++i) {
+    const std::string rank = i == 1 ? "1" : "3";
+    const std::string prefix = "r-" + rank + "-";
+    ASSERT_TRUE(names[i].starts_with(prefix) && names[i].ends_with(".json")) << names[i];
+    const std::string pid = names[i].substr(prefix.size(), names[i].size() - prefix.size() - 5);
+    EXPECT_TRUE(all_digits(pid)) << names[i];
+    pids.insert(pid);
+    EXPECT_EQ(read_report(dir + "/" + names[i])["allocations"]["redirected"], 1) << names[i];
+  }
+  EXPECT_EQ(pids.size(), 2u) << "two processes, two process ids";
+}
+
+TEST(Settings, UnknownPercentSequenceInAnOutputPathIsOneLine) {
+  for (const char* variable : {"SPILLWAY_REPORT", "SPILLWAY_TRACE"}) {
+    const std::string dir = temp_dir();
+    RunResult r = program("alloc_paths", {"cuMemAlloc"}, fake_env(true, {{variable, dir + "/out-%d.json"}}));
+    EXPECT_EQ(r.status, 0) << describe(r);
+    EXPECT_EQ(field(r.out, "managed"), "0");
+    ASSERT_EQ(r.err_lines().size(), 1u) << r.err;
+    EXPECT_NE(r.err.find(variable), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("%p"), std::string::npos) << "names what is accepted: " << r.err;
+    EXPECT_TRUE(files_in(dir).empty());
+  }
 }
 
 TEST(Log, InfoPrintsTheTableAtExit) {
@@ -640,6 +694,85 @@ TEST(SpillwayRun, RunsAProgramWithTheShimAndSettings) {
   EXPECT_EQ(r.out, "alloc 48M -> 0\nalloc 32M -> 2\n");
   nlohmann::json j = read_report(report);
   EXPECT_EQ(j["allocations"]["refused"], 1) << j.dump();
+}
+
+TEST(SpillwayRun, ARunsReportsReplaceAnEarlierRunsUnderAPattern) {
+  const std::string dir = temp_dir();
+  for (const char* name : {"r7.json", "r12.json", "rx.json", "r7.json.keep"}) std::ofstream(dir + "/" + name) << "old";
+  RunResult r = run({kCli, "run", "--report", dir + "/r%r.json", "--", kPrograms + "/alloc_paths", "cuMemAlloc"},
+                    {{"LD_LIBRARY_PATH", kFakeDir}, {"RANK", "7"}});
+  ASSERT_EQ(r.status, 0) << describe(r);
+  // The earlier run's r<rank>.json files are gone; other names stay.
+  EXPECT_EQ(files_in(dir), (std::vector<std::string>{"r7.json", "r7.json.keep", "rx.json"}));
+  EXPECT_EQ(read_report(dir + "/r7.json")["allocations"]["redirected"], 1);
+  EXPECT_EQ(read_file(dir + "/rx.json"), "old");
+}
+
+// ---- spillway info ------------------------------------------------------------------------------------
+
+TEST(SpillwayInfo, JsonGivesTheDeviceTheBudgetTheCapAndWhereEachSettingCameFrom) {
+  RunResult r = run({kCli, "info", "--json", "--budget", "64MiB"},
+                    {{"LD_LIBRARY_PATH", kFakeDir}, {"FAKECUDA_TOTAL_MEMORY", std::to_string(256 << 20)},
+                     {"SPILLWAY_MAX_MANAGED", "1GiB"}, {"SPILLWAY_LOG", "info"}, {"SPILLWAY_BUDGET", "1GiB"}});
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["driver"]["found"], true) << j.dump();
+  EXPECT_EQ(j["driver"]["cuda"], "13.0");
+  EXPECT_EQ(j["shim"], std::filesystem::weakly_canonical(kShim).string());
+  ASSERT_EQ(j["devices"].size(), 1u) << j.dump();
+  const nlohmann::json& d = j["devices"][0];
+  EXPECT_EQ(d["name"], "Fakecuda GPU");
+  EXPECT_EQ(d["total_bytes"], 256u << 20);
+  EXPECT_EQ(d["free_bytes"], 256u << 20);
+  EXPECT_EQ(d["concurrent_managed_access"], true);
+  EXPECT_EQ(d["discard_batch"], true) << "the fake has cuMemDiscardBatchAsync";
+  EXPECT_EQ(d["prefetch_batch"], false) << "and not cuMemPrefetchBatchAsync";
+  EXPECT_EQ(d["budget_bytes"], 64u << 20) << "the option, over the variable";
+  EXPECT_EQ(j["host"]["managed_cap_bytes"], 1u << 30);
+  std::map<std::string, std::pair<std::string, std::string>> settings;
+  for (const auto& s : j["settings"]) settings[s["variable"]] = {s["value"], s["source"]};
+  EXPECT_EQ(settings["SPILLWAY_BUDGET"], std::make_pair(std::string("64MiB"), std::string("option")));
+  EXPECT_EQ(settings["SPILLWAY_MAX_MANAGED"], std::make_pair(std::string("1GiB"), std::string("variable")));
+  EXPECT_EQ(settings["SPILLWAY_LOG"], std::make_pair(std::string("info"), std::string("variable")));
+  EXPECT_EQ(settings["SPILLWAY_POLICY"], std::make_pair(std::string("learned"), std::string("default")));
+  EXPECT_GE(settings.size(), 14u);
+}
+
+TEST(SpillwayInfo, TableFitsOneScreenAndSaysWhenTheDeviceCannotBeManaged) {
+  RunResult r = run({kCli, "info"}, {{"LD_LIBRARY_PATH", kFakeDir}, {"FAKECUDA_CONCURRENT_MANAGED_ACCESS", "0"}});
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_LE(split_lines(r.out).size(), 40u) << r.out;
+  EXPECT_EQ(lines_with(r.out, "device 0").size(), 1u) << r.out;
+  EXPECT_EQ(lines_with(r.out, "Fakecuda GPU").size(), 1u) << r.out;
+  EXPECT_EQ(lines_with(r.out, "concurrent managed access no").size(), 1u) << r.out;
+  EXPECT_EQ(lines_with(r.out, "allocations pass through").size(), 1u) << r.out;
+  EXPECT_EQ(lines_with(r.out, "SPILLWAY_POLICY").size(), 1u) << r.out;
+}
+
+TEST(SpillwayInfo, BadSettingIsOneLineAndStatusTwo) {
+  RunResult opt = run({kCli, "info", "--policy", "magic"}, {{"LD_LIBRARY_PATH", kFakeDir}});
+  EXPECT_EQ(opt.status, 2) << describe(opt);
+  ASSERT_EQ(opt.err_lines().size(), 1u) << opt.err;
+  EXPECT_NE(opt.err.find("SPILLWAY_POLICY"), std::string::npos) << opt.err;
+  RunResult var = run({kCli, "info"}, {{"LD_LIBRARY_PATH", kFakeDir}, {"SPILLWAY_BUDGET", "lots"}});
+  EXPECT_EQ(var.status, 2) << describe(var);
+  ASSERT_EQ(var.err_lines().size(), 1u) << var.err;
+  EXPECT_NE(var.err.find("SPILLWAY_BUDGET"), std::string::npos) << var.err;
+  EXPECT_NE(var.err.find("environment"), std::string::npos) << var.err;
+}
+
+TEST(SpillwayInfo, NoDriverIsReportedNotFailed) {
+  const std::string empty = temp_dir();
+  RunResult r = run({kCli, "info", "--json"}, {{"LD_LIBRARY_PATH", empty}});
+  ASSERT_EQ(r.status, 0) << describe(r);
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  if (j["driver"]["found"] == true) GTEST_SKIP() << "this machine has a driver of its own";
+  EXPECT_NE(j["driver"]["error"].get<std::string>().find("libcuda.so.1"), std::string::npos) << j.dump();
+  EXPECT_TRUE(j["devices"].empty());
+  RunResult text = run({kCli, "info"}, {{"LD_LIBRARY_PATH", empty}});
+  EXPECT_EQ(text.status, 0);
+  EXPECT_EQ(lines_with(text.out, "driver     none").size(), 1u) << text.out;
 }
 
 // ---- programs that never touch CUDA --------------------------------------------------------------------

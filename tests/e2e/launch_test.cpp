@@ -3,6 +3,7 @@
 // trace it records (SPILLWAY_TRACE), what it issued from the fake's call log (FAKECUDA_LOG).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -178,6 +179,54 @@ TEST_P(OwnStreams, PrefetchesOnTheShimsStreamsWithinTheBudget) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, OwnStreams, ::testing::Values("sequential", "correlation"));
+
+// Device memory held beside the managed data (issue 15 item 2): a buffer of the NCCL-like
+// library (excluded by default, so it stays device memory) or VMM physical memory takes
+// 16 MiB of the 32 MiB budget while it lives: the plan keeps within the 16 MiB left, and
+// within the whole budget again once it is released.
+class OutsideMemory : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(OutsideMemory, ShrinksTheBudgetWhileItLives) {
+  const std::string dir = temp_dir(), mode = GetParam();
+  std::vector<std::string> args{kPrograms + "/outside_memory", mode};
+  if (mode == "nccl") args.push_back(FAKE_NCCL_LIB);
+  RunResult r = run(args, fake_env({{"FAKECUDA_LOG", dir + "/log"},
+                                    {"SPILLWAY_BUDGET", "32MiB"},
+                                    {"SPILLWAY_REPORT", dir + "/report.json"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  if (mode == "nccl") EXPECT_EQ(field(r.out, "nccl_managed"), "0") << "NCCL's buffer stays device memory";
+  // The prefetches before and after the release (the log holds the program's calls too).
+  std::map<std::uint64_t, bool> resident;
+  std::size_t peak[2] = {0, 0};
+  int phase = 0;
+  std::istringstream log(read_file(dir + "/log"));
+  for (std::string line; std::getline(log, line);) {
+    if (line.starts_with("cuMemRelease ") ||
+        (line.starts_with("cuMemFree_v2 ") && hex(log_field(line, "dptr")) == hex(field(r.out, "nccl_buffer")))) {
+      phase = 1;
+    }
+    if (!line.starts_with("cuMemPrefetchAsync_v2 ")) continue;
+    const bool to_gpu = log_field(line, "loc_type") == "1";
+    const std::uint64_t p = hex(log_field(line, "dptr")), n = std::stoull(log_field(line, "count"));
+    for (std::uint64_t c = p >> 21; c <= (p + n - 1) >> 21; ++c) {
+      if (to_gpu) resident[c] = true;
+      else resident.erase(c);
+    }
+    peak[phase] = std::max(peak[phase], resident.size());
+  }
+  ASSERT_EQ(phase, 1) << "the release is in the log";
+  EXPECT_GT(peak[0], 0u) << "the shim prefetched";
+  EXPECT_LE(peak[0], 8u) << "planned past the 16 MiB the other memory leaves";
+  EXPECT_GT(peak[1], 8u) << "the budget came back with the release";
+  EXPECT_LE(peak[1], 16u) << "planned past the 32 MiB budget";
+  nlohmann::json report = nlohmann::json::parse(read_file(dir + "/report.json"));
+  EXPECT_EQ(report["bytes"]["outside_device_peak"], 16u << 20) << report.dump();
+  EXPECT_EQ(report["bytes"]["outside_device_now"], 0u) << report.dump();
+  EXPECT_EQ(report["bytes"]["budget"], 32u << 20) << report.dump();
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, OutsideMemory, ::testing::Values("nccl", "vmm"));
 
 TEST(Launch, MultiThreadedLaunchesStayCorrect) {
   std::string dir = temp_dir();

@@ -4,10 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "spillway/output_file.h"
 #include "spillway/policy.h"
 
 namespace spillway {
@@ -28,8 +31,8 @@ const std::map<std::string, Sample>& samples() {
       {"SPILLWAY_EXCLUDE", {"libnccl,libfoo", "libnccl,,libfoo"}},
       {"SPILLWAY_REPORT_MEMORY", {"virtual", "both"}},
       {"SPILLWAY_LOG", {"debug", "loud"}},
-      {"SPILLWAY_REPORT", {"/tmp/spillway-report.json", "   "}},
-      {"SPILLWAY_TRACE", {"/tmp/spillway-trace.jsonl.gz", "   "}},
+      {"SPILLWAY_REPORT", {"/tmp/spillway-report.%r.%p.json", "/tmp/report-%d.json"}},
+      {"SPILLWAY_TRACE", {"/tmp/spillway-trace.jsonl.gz", "/tmp/trace-100%"}},
       {"SPILLWAY_DISABLE", {"1", "maybe"}},
       {"SPILLWAY_SUBALLOCATOR", {"off", "sometimes"}},
       {"SPILLWAY_FRAMEWORK_ALLOCATOR", {"keep", "pytorch"}},
@@ -117,7 +120,7 @@ TEST(Config, Defaults) {
   ConfigResult r = read_with({});
   EXPECT_TRUE(r.errors.empty());
   const Config& c = r.config;
-  EXPECT_EQ(c.policy, "demand");
+  EXPECT_EQ(c.policy, "learned");
   EXPECT_TRUE(c.budget.unset);
   EXPECT_FALSE(c.max_managed.unset);
   EXPECT_DOUBLE_EQ(c.max_managed.percent, 80.0);
@@ -211,5 +214,47 @@ TEST(Config, TraceWindowForms) {
     EXPECT_EQ(r.config.trace_window.launches, 0u) << bad;
   }
 }
+TEST(Config, OutputPathPatterns) {
+  for (const char* good : {"r.json", "r-%p.json", "%r/%p", "100%%.json", "%%p", "a%r%p%%"}) {
+    ConfigResult r = read_with({{"SPILLWAY_REPORT", good}, {"SPILLWAY_TRACE", good}});
+    EXPECT_TRUE(r.errors.empty()) << good;
+    EXPECT_EQ(r.config.report_path, good);
+  }
+  for (const char* bad : {"%", "r%", "r-%d.json", "%P", "%%%"}) {
+    ConfigResult r = read_with({{"SPILLWAY_TRACE", bad}});
+    ASSERT_EQ(r.errors.size(), 1u) << bad;
+    EXPECT_NE(r.errors[0].message.find("SPILLWAY_TRACE"), std::string::npos) << r.errors[0].message;
+    EXPECT_NE(r.errors[0].message.find("%r = the rank"), std::string::npos) << r.errors[0].message;
+  }
+  EXPECT_EQ(expand_output_pattern("/o/r%r-%p.json", 4242, "3"), "/o/r3-4242.json");
+  EXPECT_EQ(expand_output_pattern("%%p%%r%p", 7, "1"), "%p%r7");
+  EXPECT_EQ(expand_output_pattern("plain", 7, "1"), "plain");
+}
+
+TEST(Config, RankComesFromRankThenLocalRank) {
+  struct Saved {
+    std::string name;
+    std::optional<std::string> value;
+  };
+  std::vector<Saved> saved;
+  for (const char* v : {"RANK", "LOCAL_RANK"}) {
+    const char* now = std::getenv(v);
+    saved.push_back({v, now ? std::optional<std::string>(now) : std::nullopt});
+  }
+  auto set = [](const char* name, const char* value) { value ? ::setenv(name, value, 1) : ::unsetenv(name); };
+  set("RANK", nullptr);
+  set("LOCAL_RANK", nullptr);
+  EXPECT_EQ(rank_from_environment(), "0");
+  set("LOCAL_RANK", "2");
+  EXPECT_EQ(rank_from_environment(), "2");
+  set("RANK", "17");
+  EXPECT_EQ(rank_from_environment(), "17");
+  set("RANK", "-1");  // not a rank: LOCAL_RANK is used
+  EXPECT_EQ(rank_from_environment(), "2");
+  set("LOCAL_RANK", "");
+  EXPECT_EQ(rank_from_environment(), "0");
+  for (const Saved& s : saved) set(s.name.c_str(), s.value ? s.value->c_str() : nullptr);
+}
+
 }  // namespace
 }  // namespace spillway

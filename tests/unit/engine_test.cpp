@@ -351,7 +351,7 @@ TEST_F(EngineTest, AdvisePolicySetsPreferredLocationAndAccessedBy) {
 
 TEST_F(EngineTest, DemandPolicyAdvisesNothing) {
   SetUpDevice();
-  auto e = MakeEngine();
+  auto e = MakeEngine({{"SPILLWAY_POLICY", "demand"}});
   EXPECT_CALL(backend, advise(_, _, _, _, _)).Times(0);
   EXPECT_CALL(backend, prefetch(_, _, _, _)).Times(0);
   Allocate(*e, 5 * MiB);

@@ -1,11 +1,15 @@
 #include "spillway/config.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 
 #include <fmt/format.h>
 
+#include "spillway/output_file.h"
 #include "spillway/size.h"
 
 namespace spillway {
@@ -111,7 +115,7 @@ bool parse_log_level(Config& c, std::string_view value, const Names&) {
 
 bool parse_report_path(Config& c, std::string_view value, const Names&) {
   c.report_path = trimmed(value);
-  return !c.report_path.empty();
+  return !c.report_path.empty() && valid_output_pattern(c.report_path);
 }
 
 // A count: decimal digits only, at most 2^63.
@@ -149,7 +153,7 @@ bool parse_trace_window(Config& c, std::string_view value, const Names&) {
 
 bool parse_trace_path(Config& c, std::string_view value, const Names&) {
   c.trace_path = trimmed(value);
-  return !c.trace_path.empty();
+  return !c.trace_path.empty() && valid_output_pattern(c.trace_path);
 }
 
 bool parse_disable(Config& c, std::string_view value, const Names&) {
@@ -245,6 +249,27 @@ std::string set_option(Config& config, std::string_view variable, std::string_vi
                        accepted_text(row, policy_names));
   }
   return fmt::format("unknown setting {}", printable(variable));
+}
+
+std::uint64_t planned_budget_bytes(const Config& config, std::uint64_t free_bytes, std::uint64_t total_bytes) {
+  return config.budget.unset ? free_bytes : std::min(free_bytes, config.budget.resolve(total_bytes));
+}
+
+std::uint64_t managed_cap_bytes(const Config& config, std::uint64_t host_bytes) {
+  return config.max_managed.resolve(host_bytes);
+}
+
+std::uint64_t read_host_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGE_SIZE);
+  std::uint64_t bytes = pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+  std::ifstream in("/sys/fs/cgroup/memory.max");
+  std::string text;
+  if (in >> text && text != "max") {
+    std::uint64_t limit = 0;
+    if (parse_count(text, &limit) && limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
+  }
+  return bytes;
 }
 
 ConfigResult read_config(const std::vector<std::string_view>& policy_names,

@@ -349,8 +349,8 @@ bool Engine::start() {
       return;
     }
     device_ = backend_.current_device();
-    std::uint64_t budget = config_.budget.unset ? free_bytes : std::min(free_bytes, config_.budget.resolve(total_bytes));
-    std::uint64_t cap = config_.max_managed.resolve(backend_.host_memory_bytes());
+    std::uint64_t budget = planned_budget_bytes(config_, free_bytes, total_bytes);
+    std::uint64_t cap = managed_cap_bytes(config_, backend_.host_memory_bytes());
     budget_.store(budget);
     max_managed_.store(cap);
     physical_total_.store(total_bytes);
@@ -1101,6 +1101,27 @@ void Engine::note_passed_through(bool excluded) {
   if (excluded) ++counters_.allocations_excluded;
 }
 
+void Engine::note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes) {
+  if (bytes == 0 || start_state_.load(std::memory_order_acquire) != 1) return;
+  std::lock_guard lock(outside_mutex_);
+  auto [it, inserted] = outside_.try_emplace({static_cast<int>(kind), key}, bytes);
+  if (!inserted) {  // (the driver reused a key whose release we missed)
+    outside_bytes_.fetch_sub(it->second, std::memory_order_relaxed);
+    it->second = bytes;
+  }
+  const std::uint64_t now = outside_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  if (now > outside_peak_.load(std::memory_order_relaxed)) outside_peak_.store(now, std::memory_order_relaxed);
+}
+
+bool Engine::note_device_memory_released(DeviceMemory kind, std::uint64_t key) {
+  std::lock_guard lock(outside_mutex_);
+  auto it = outside_.find({static_cast<int>(kind), key});
+  if (it == outside_.end()) return false;
+  outside_bytes_.fetch_sub(it->second, std::memory_order_relaxed);
+  outside_.erase(it);
+  return true;
+}
+
 Stats Engine::stats() const {
   std::lock_guard lock(mutex_);
   return stats_locked();
@@ -1121,6 +1142,9 @@ Stats Engine::stats_locked() const {
   s.managed_bytes = managed_bytes();
   s.peak_managed_bytes = peak_managed_.load(std::memory_order_relaxed);
   s.budget_bytes = budget_bytes();
+  s.start_budget_bytes = budget_.load(std::memory_order_relaxed);
+  s.outside_device_bytes = outside_device_bytes();
+  s.outside_device_peak_bytes = outside_peak_.load(std::memory_order_relaxed);
   s.max_managed_bytes = max_managed_bytes();
   s.physical_total_bytes = physical_total_.load(std::memory_order_relaxed);
   s.live_block_bytes = table_.bytes();

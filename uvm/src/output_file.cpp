@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -18,6 +19,62 @@ std::string with_pid(const std::string& path, long pid) {
   std::size_t dot = path.find('.', name + 1);
   if (dot == std::string::npos || name >= path.size()) dot = path.size();
   return path.substr(0, dot) + "." + std::to_string(pid) + path.substr(dot);
+}
+
+bool valid_output_pattern(std::string_view pattern) {
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '%') continue;
+    if (i + 1 == pattern.size()) return false;
+    const char next = pattern[++i];
+    if (next != 'p' && next != 'r' && next != '%') return false;
+  }
+  return true;
+}
+
+namespace {
+
+bool is_decimal(const char* s) {
+  if (s == nullptr || *s == '\0') return false;
+  for (const char* c = s; *c != '\0'; ++c) {
+    if (*c < '0' || *c > '9') return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string rank_from_environment() {
+  for (const char* variable : {"RANK", "LOCAL_RANK"}) {
+    const char* v = std::getenv(variable);
+    if (is_decimal(v)) return v;
+  }
+  return "0";
+}
+
+std::string expand_output_pattern(std::string_view pattern, long pid, std::string_view rank) {
+  std::string out;
+  out.reserve(pattern.size() + 16);
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '%' && i + 1 < pattern.size()) {
+      const char next = pattern[i + 1];
+      if (next == 'p') out += std::to_string(pid);
+      else if (next == 'r') out += rank;
+      else if (next == '%') out += '%';
+      else {
+        out += c;
+        continue;
+      }
+      ++i;
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string expand_output_pattern(std::string_view pattern) {
+  return expand_output_pattern(pattern, static_cast<long>(::getpid()), rank_from_environment());
 }
 
 namespace {

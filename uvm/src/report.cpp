@@ -24,6 +24,10 @@ std::string stats_table(const Stats& s) {
   row("peak managed", format_bytes(s.peak_managed_bytes));
   row("peak over budget", format_bytes(s.peak_over_budget_bytes));
   row("budget / managed cap", fmt::format("{} / {}", format_bytes(s.budget_bytes), format_bytes(s.max_managed_bytes)));
+  if (s.outside_device_peak_bytes > 0) {
+    row("other device memory", fmt::format("{} now, {} peak (budget {} at start)", format_bytes(s.outside_device_bytes),
+                                           format_bytes(s.outside_device_peak_bytes), format_bytes(s.start_budget_bytes)));
+  }
   row("prefetched to GPU", format_bytes(s.prefetch_to_gpu_bytes));
   row("evicted to host", format_bytes(s.evict_to_cpu_bytes));
   row("advise calls", fmt::format("{}", s.advise_calls));
@@ -53,6 +57,9 @@ nlohmann::json stats_json(const Stats& s) {
         {"peak_managed", s.peak_managed_bytes},
         {"peak_over_budget", s.peak_over_budget_bytes},
         {"budget", s.budget_bytes},
+        {"start_budget", s.start_budget_bytes},
+        {"outside_device_now", s.outside_device_bytes},
+        {"outside_device_peak", s.outside_device_peak_bytes},
         {"max_managed", s.max_managed_bytes},
         {"gpu_total", s.physical_total_bytes},
         {"prefetched_to_gpu", s.prefetch_to_gpu_bytes},

@@ -24,7 +24,7 @@ struct SizeSetting {
 };
 
 struct Config {
-  std::string policy = "demand";
+  std::string policy = "learned";
   SizeSetting budget;                      // unset: the physical free memory at start
   SizeSetting max_managed{0, 80.0, false};  // of host RAM
   bool suballocator = true;                // SPILLWAY_SUBALLOCATOR
@@ -78,5 +78,20 @@ ConfigResult read_config(const std::vector<std::string_view>& policy_names,
 // `variable` is e.g. "SPILLWAY_BUDGET". Used by `spillway run` to check options before exec.
 std::string set_option(Config& config, std::string_view variable, std::string_view value,
                        const std::vector<std::string_view>& policy_names);
+
+// The GPU bytes the Engine plans for on a device with `free_bytes` of `total_bytes` free
+// (cuMemGetInfo at the first allocation): SPILLWAY_BUDGET resolved against the total, and
+// never more than is free; unset, all that is free. The Engine and `spillway info` both use
+// it. Pure.
+std::uint64_t planned_budget_bytes(const Config& config, std::uint64_t free_bytes, std::uint64_t total_bytes);
+
+// The cap on the managed bytes of the process: SPILLWAY_MAX_MANAGED resolved against
+// `host_bytes` (read_host_memory_bytes()). Pure.
+std::uint64_t managed_cap_bytes(const Config& config, std::uint64_t host_bytes);
+
+// Host RAM in bytes (sysconf(_SC_PHYS_PAGES) * page size), bounded by the cgroup v2 memory
+// limit of the process (/sys/fs/cgroup/memory.max) when one is set; 0 when unknown.
+// Reads /sys on each call; thread-safe.
+std::uint64_t read_host_memory_bytes();
 
 }  // namespace spillway

@@ -42,7 +42,11 @@ struct Stats {
   std::uint64_t evict_to_cpu_bytes = 0;       // prefetches toward the host
   std::uint64_t advise_calls = 0;
   std::uint64_t backend_errors = 0;           // prefetch/advise/event calls the Backend refused
-  std::uint64_t budget_bytes = 0;
+  std::uint64_t budget_bytes = 0;             // the budget now: at start, less outside_device_bytes
+  std::uint64_t start_budget_bytes = 0;       // the budget read at start (SPILLWAY_BUDGET, free memory)
+  std::uint64_t outside_device_bytes = 0;     // device memory held outside managed memory now
+                                              // (Engine::note_device_memory)
+  std::uint64_t outside_device_peak_bytes = 0;
   std::uint64_t max_managed_bytes = 0;
   std::uint64_t physical_total_bytes = 0;
   std::uint64_t launches = 0;                 // launches seen (Engine::launch)
@@ -182,6 +186,24 @@ class Engine {
   // Records an allocation left to the driver (excluded library, non-default pool, ...).
   void note_passed_through(bool excluded);
 
+  // Device memory the program holds outside Spillway's managed memory (issue 15 item 2):
+  // allocations passed through to the driver (an excluded library's such as NCCL's buffers,
+  // a pool the program created, one made during a stream capture) and VMM physical memory
+  // (cuMemCreate: PyTorch's expandable segments, JAX/XLA's VMM allocator). It occupies the
+  // GPU as a resident chunk would, so while it lives budget_bytes() is the budget read at
+  // start() less its bytes (never below 0), and the next plan evicts to fit. `key` names it
+  // at its release: an allocation's address, or a VMM handle (kind vmm). Memory noted before
+  // start() is not counted (the free memory the budget was read from already excludes it),
+  // nor is its release. A pool keeps freed memory until it is trimmed: counting it only
+  // while an allocation lives is a lower bound. Thread-safe (a lock of its own, never held
+  // with the Engine's).
+  enum class DeviceMemory { allocation, vmm };
+  void note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes);
+  // Its release; false (nothing changes) for a key not counted. Thread-safe.
+  bool note_device_memory_released(DeviceMemory kind, std::uint64_t key);
+  // The bytes counted now. Lock-free.
+  std::uint64_t outside_device_bytes() const { return outside_bytes_.load(std::memory_order_relaxed); }
+
   // The program is about to destroy `stream`: frees deferred on it while it was capturing
   // get their event now (work already issued to a destroyed stream still completes), or are
   // released at once if none can be recorded; the handle is never used again. Thread-safe.
@@ -204,7 +226,12 @@ class Engine {
   static constexpr std::uint64_t kFenceBytes = 64ull << 20;
   static constexpr std::size_t kFenceRanges = 1024;
 
-  std::uint64_t budget_bytes() const { return budget_.load(std::memory_order_relaxed); }
+  // The GPU bytes the plan keeps within: the budget read at start() less the device memory
+  // held outside managed memory (note_device_memory). Lock-free.
+  std::uint64_t budget_bytes() const {
+    const std::uint64_t budget = budget_.load(std::memory_order_relaxed), outside = outside_device_bytes();
+    return budget > outside ? budget - outside : 0;
+  }
   std::uint64_t max_managed_bytes() const { return max_managed_.load(std::memory_order_relaxed); }
   std::uint64_t managed_bytes() const { return managed_bytes_.load(std::memory_order_relaxed); }
   const Config& config() const { return config_; }
@@ -362,6 +389,12 @@ class Engine {
   std::atomic<std::uint64_t> lo_{~0ull};
   std::atomic<std::uint64_t> hi_{0};
   std::atomic<EngineObserver*> observer_{nullptr};
+
+  // Device memory outside managed memory (note_device_memory): by (kind, key), bytes.
+  std::mutex outside_mutex_;
+  std::map<std::pair<int, std::uint64_t>, std::uint64_t> outside_;  // guarded by outside_mutex_
+  std::atomic<std::uint64_t> outside_bytes_{0};
+  std::atomic<std::uint64_t> outside_peak_{0};
 
   std::atomic<std::uint64_t> issue_epoch_{0};
   std::atomic<std::uint64_t> issuing_[2] = {0, 0};  // sections in progress, per epoch parity

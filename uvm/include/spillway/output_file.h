@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace spillway {
 
@@ -21,5 +22,26 @@ std::string claim_output_file(const std::string& path, std::string* error);
 
 // `path` with `.<pid>` before the extensions of its last component.
 std::string with_pid(const std::string& path, long pid);
+
+// SPILLWAY_REPORT and SPILLWAY_TRACE name one file per process (and per rank of a
+// distributed job) with these patterns:
+//   %p  the process id (getpid(), read when the file is created);
+//   %r  the rank: $RANK, else $LOCAL_RANK, else 0 (torchrun sets both for each worker:
+//       RANK is the global rank, unique across nodes; LOCAL_RANK the rank on this node,
+//       PyTorch docs "torchrun (Elastic Launch)", section "Environment Variables");
+//   %%  a '%'.
+// Returns true when every '%' of `pattern` starts one of these (no other '%' may appear).
+bool valid_output_pattern(std::string_view pattern);
+
+// The rank %r stands for: the value of RANK when it is a decimal number, else of LOCAL_RANK
+// when that is one, else "0". Reads the environment; thread-safe as getenv is.
+std::string rank_from_environment();
+
+// `pattern` with %p replaced by `pid`, %r by `rank` and %% by '%'. A pattern that is not
+// valid_output_pattern() is returned with its unknown '%' sequences as they are.
+std::string expand_output_pattern(std::string_view pattern, long pid, std::string_view rank);
+
+// expand_output_pattern() for the calling process (getpid(), rank_from_environment()).
+std::string expand_output_pattern(std::string_view pattern);
 
 }  // namespace spillway
