@@ -600,6 +600,7 @@ class Observation {
     l.accesses = graph != nullptr ? std::span<const Access>(*graph) : std::span<const Access>(fp.accesses.data(), fp.naccesses);
     l.dur_ns = duration_of(fp.exec_id, &sample);
     l.now_ns = now_ns();
+    l.device = interpose::backend_instance().current_device();  // (cuCtxGetDevice: a thread-local read)
     // Fault feedback (cupti_feedback.h): started before the first launch the Engine plans,
     // outside its lock; the kernel's CUPTI record is tied to l.seq while it is issued.
     if (e->wants_fault_feedback() && interpose::backend_instance().start_fault_feedback()) bracketed_ = true;

@@ -80,6 +80,28 @@ TEST(EngineLaunch, FetchesTheFootprintAsOneCoalescedCall) {
   EXPECT_EQ(f.engine.stats().launches, 2u);
 }
 
+// One Engine plans one GPU: a launch from another device's context moves nothing and the
+// Policy never sees it (issue 15: a plan for the wrong GPU would pull the kernel's data away).
+TEST(EngineLaunch, ALaunchOnAnotherDeviceIsLeftToTheDriver) {
+  Fixture f(8);
+  std::uint64_t a = f.alloc(2 * kChunkBytes);
+  std::vector<Access> acc{{a, 2 * kChunkBytes, false}};
+  Launch other;
+  other.name = "k";
+  other.accesses = acc;
+  other.device = 1;  // the InstantBackend's current device is 0
+  f.engine.launch(other);
+  EXPECT_TRUE(f.backend.calls.empty());
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 0u);
+  other.device = 0;
+  other.seq = 1;
+  f.engine.launch(other);
+  ASSERT_EQ(f.backend.calls.size(), 1u) << "a launch on the Engine's own device is planned";
+  Stats s = f.engine.stats();
+  EXPECT_EQ(s.launches, 2u);
+  EXPECT_EQ(s.launches_other_device, 1u);
+}
+
 TEST(EngineLaunch, RunsAreSplitAtBlockBoundariesAndClippedToBlocks) {
   Fixture f(8);
   std::uint64_t a = f.alloc(kChunkBytes + 100);  // 2 chunks, the second mostly empty

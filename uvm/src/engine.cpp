@@ -811,6 +811,15 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
     std::lock_guard lock(mutex_);
     ++counters_.launches;
     if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_launch(launch);
+    if (launch.device >= 0 && launch.device != device_) {
+      if (counters_.launches_other_device++ == 0) {
+        log(LogLevel::warn,
+            "a kernel launched on device {}: Spillway plans for device {} only (the device current at the first "
+            "allocation); launches on other devices are left to the driver's demand paging",
+            launch.device, device_);
+      }
+      return 0;
+    }
     Launch refined = launch;
     if (wants_faults_ && backend_.fault_feedback()) {
       faults_scratch_.clear();

@@ -28,6 +28,9 @@ std::string stats_table(const Stats& s) {
     row("other device memory", fmt::format("{} now, {} peak (budget {} at start)", format_bytes(s.outside_device_bytes),
                                            format_bytes(s.outside_device_peak_bytes), format_bytes(s.start_budget_bytes)));
   }
+  if (s.launches_other_device > 0) {
+    row("launches on other devices", fmt::format("{} of {} (left to the driver)", s.launches_other_device, s.launches));
+  }
   row("prefetched to GPU", format_bytes(s.prefetch_to_gpu_bytes));
   row("evicted to host", format_bytes(s.evict_to_cpu_bytes));
   row("advise calls", fmt::format("{}", s.advise_calls));
@@ -79,6 +82,8 @@ nlohmann::json stats_json(const Stats& s) {
        {{"now", s.state_bytes},
         {"peak", s.state_peak_bytes},
         {"budget", s.state_budget_bytes}}},
+      {"launches", s.launches},
+      {"launches_other_device", s.launches_other_device},
       {"advise_calls", s.advise_calls},
       {"driver_calls_refused", s.backend_errors},
   };

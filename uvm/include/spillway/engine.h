@@ -50,6 +50,8 @@ struct Stats {
   std::uint64_t max_managed_bytes = 0;
   std::uint64_t physical_total_bytes = 0;
   std::uint64_t launches = 0;                 // launches seen (Engine::launch)
+  std::uint64_t launches_other_device = 0;    // of those, launched on a device the Engine does not plan
+                                              // for: left to the driver (Engine::launch)
   std::uint64_t evicted_chunks = 0;           // chunks the Engine evicted to keep within the budget
   std::uint64_t prefetched_chunks = 0;        // chunks the Engine planned onto the GPU
   std::uint64_t dropped_prefetch_chunks = 0;  // prefetches dropped: no unpinned victim left
@@ -152,7 +154,11 @@ class Engine {
   // and Backend::fault_feedback()), the Policy is first given the faults reported since the
   // last launch (Policy::on_faults), then the launch's footprint is the one it refines
   // (Policy::refine_footprint): on_launch and the plan use that; the observer sees the
-  // launch as given. Thread-safe (serialised with the Policy);
+  // launch as given. A launch from a device other than the one the Engine plans for (the
+  // device current at start(); Launch::device) is counted and left to the driver — the
+  // Policy does not see it, nothing is moved for it: one Engine plans one GPU, and a plan
+  // made for the wrong one would prefetch that kernel's data away from it (one warning
+  // line says so, once). Thread-safe (serialised with the Policy);
   // the plans of concurrent launches are carried out in the order they were made (a plan
   // waits at most 100 ms for earlier ones). The launch's pins end with the next plan.
   void launch(const Launch& launch);

@@ -47,6 +47,8 @@ struct Launch {
   std::span<const Access> accesses;  // the footprint, in argument order
   std::uint64_t dur_ns = 0;       // duration estimate in ns (the trace's dur_ns; 0 unknown)
   std::uint64_t now_ns = 0;       // issue time in ns (simulated time, or a steady clock)
+  int device = -1;                // the launching context's device (cuCtxGetDevice); -1: unknown,
+                                  // taken to be the Engine's device (the simulator's launches)
 };
 
 // The Engine's question when it must evict: may `chunk` go? Pinned chunks (the current
