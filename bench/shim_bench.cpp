@@ -47,6 +47,7 @@ void setup() {
   g_direct = Api{"direct", must<AllocFn>(driver, "cuMemAlloc_v2"), must<FreeFn>(driver, "cuMemFree_v2"),
                  must<GetProcFn>(driver, "cuGetProcAddress_v2")};
   g_alloc_managed = must<CUresult (*)(CUdeviceptr*, size_t, unsigned)>(driver, "cuMemAllocManaged");
+  setenv("SPILLWAY_POLICY", "demand", 0);  // the figures in bench/README.md (the shim's default is learned)
   void* shim = open_shim(SPILLWAY_SHIM_PATH);
   g_shim = Api{"shim", must<AllocFn>(shim, "cuMemAlloc_v2"), must<FreeFn>(shim, "cuMemFree_v2"),
                must<GetProcFn>(shim, "cuGetProcAddress_v2")};

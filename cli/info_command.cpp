@@ -117,11 +117,13 @@ Report read_driver(const Config& config) {
     rep.driver_error = "libcuda.so.1 lacks the entry points of CUDA 12 (too old a driver)";
     return rep;
   }
-  if (CUresult r = d.init(0); r != CUDA_SUCCESS) {
+  d.driver_version(&rep.cuda_version);  // (needs no cuInit)
+  if (CUresult r = d.init(0); r == CUDA_ERROR_NO_DEVICE) {
+    return rep;  // a driver, and no device it may use (CUDA_VISIBLE_DEVICES, none installed)
+  } else if (r != CUDA_SUCCESS) {
     rep.driver_error = fmt::format("cuInit failed: {}", d.error(r));
     return rep;
   }
-  d.driver_version(&rep.cuda_version);
   int count = 0;
   if (CUresult r = d.device_count(&count); r != CUDA_SUCCESS) {
     rep.driver_error = fmt::format("cuDeviceGetCount failed: {}", d.error(r));
@@ -230,7 +232,8 @@ int info_command(const std::vector<std::pair<std::string, std::string>>& options
     }
     j["settings"] = nlohmann::json::array();
     for (const Setting& s : settings) j["settings"].push_back({{"variable", s.variable}, {"value", s.value}, {"source", s.source}});
-    std::cout << j.dump(2) << '\n';
+    // (Values from the environment need not be UTF-8: such bytes are replaced, not thrown on.)
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     return 0;
   }
 

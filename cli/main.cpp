@@ -55,23 +55,24 @@ std::string options_help() {
 }
 
 // The regular files an earlier run wrote under the output pattern `pattern`
-// (spillway/output_file.h): the name itself, or where the last component holds %p or %r,
-// every file of its folder that the pattern names for some process id and rank (decimal
-// numbers). A pattern with '%' in its folders is left alone.
+// (spillway/output_file.h): the name itself; where the last component holds %r (and no
+// %p), every file of its folder that the pattern names for some rank (a decimal number), so
+// a rank's file replaces the same rank's from before. Names with %p are one per process and
+// are kept, as is a pattern with '%' in its folders. Errors reading the folder are ignored.
 void remove_earlier_outputs(const std::string& pattern) {
   std::error_code ec;
   const fs::path path(pattern);
   const std::string folder = path.parent_path().string();
   const std::string name = path.filename().string();
-  if (folder.find('%') != std::string::npos) return;
-  if (name.find("%p") == std::string::npos && name.find("%r") == std::string::npos) {
+  if (folder.find('%') != std::string::npos || name.find("%p") != std::string::npos) return;
+  if (name.find("%r") == std::string::npos) {
     const std::string file = spillway::expand_output_pattern(pattern, 0, "0");  // (only %% is left)
     if (fs::symlink_status(file, ec).type() == fs::file_type::regular) fs::remove(file, ec);
     return;
   }
   std::string expression;
   for (std::size_t i = 0; i < name.size(); ++i) {
-    if (name[i] == '%' && i + 1 < name.size() && (name[i + 1] == 'p' || name[i + 1] == 'r')) {
+    if (name[i] == '%' && i + 1 < name.size() && name[i + 1] == 'r') {
       expression += "[0-9]+";
       ++i;
       continue;
@@ -81,10 +82,12 @@ void remove_earlier_outputs(const std::string& pattern) {
     expression += name[i];
   }
   const std::regex matches(expression);
-  for (const fs::directory_entry& entry : fs::directory_iterator(folder.empty() ? "." : folder, ec)) {
-    if (entry.symlink_status(ec).type() == fs::file_type::regular &&
-        std::regex_match(entry.path().filename().string(), matches)) {
-      fs::remove(entry.path(), ec);
+  fs::directory_iterator it(folder.empty() ? "." : folder, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->symlink_status(type_ec).type() == fs::file_type::regular &&
+        std::regex_match(it->path().filename().string(), matches)) {
+      fs::remove(it->path(), type_ec);
     }
   }
 }

@@ -1,6 +1,7 @@
 // Hook bodies for the driver API rows of hooks.def. Each runs only while hooks are active
 // (shim.cpp's exported wrapper checks that and catches exceptions).
 #include <atomic>
+#include <functional>
 
 #include "cuda_backend.h"
 #include "shim.h"
@@ -22,17 +23,36 @@ constexpr std::uint64_t kPitchAlignment = 512;
 CUstream per_thread(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
 
 // A passed-through allocation, once the driver has made it, occupies the device outside
-// managed memory: the Engine's budget counts it while it lives (Engine::note_device_memory).
+// managed memory: the Engine's budget counts it while it lives (Engine::note_device_memory),
+// if it is device memory on the Engine's device (a pool the program created may hold host
+// memory: CU_POINTER_ATTRIBUTE_MEMORY_TYPE and _DEVICE_ORDINAL say where it is).
 CUresult count_outside(CUresult r, const CUdeviceptr* dptr, std::uint64_t bytes) {
-  if (r == CUDA_SUCCESS && dptr != nullptr && *dptr != 0) {
-    if (Engine* e = engine()) e->note_device_memory(Engine::DeviceMemory::allocation, *dptr, bytes);
+  if (r != CUDA_SUCCESS || dptr == nullptr || *dptr == 0) return r;
+  Engine* e = engine();
+  if (e == nullptr || e->device() < 0 || real().cuPointerGetAttribute == nullptr) return r;
+  unsigned type = 0;
+  int ordinal = -1;
+  {
+    interpose::ShimCallScope scope;
+    if (real().cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, *dptr) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE ||
+        real().cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, *dptr) != CUDA_SUCCESS) {
+      return r;
+    }
   }
+  e->note_device_memory(Engine::DeviceMemory::allocation, *dptr, bytes, ordinal);
   return r;
 }
 
-// A free the driver carries out (the block is not ours): its bytes leave the count.
-void released_outside(CUdeviceptr dptr) {
-  if (Engine* e = engine(); e != nullptr && dptr != 0) e->note_device_memory_released(Engine::DeviceMemory::allocation, dptr);
+// A free the driver carries out (the block is not ours): its record leaves the count before
+// the call, so an address the driver hands out again at once is counted afresh, and comes
+// back if the driver refuses.
+CUresult free_outside(CUdeviceptr dptr, const std::function<CUresult()>& free_it) {
+  Engine* e = engine();
+  const std::uint64_t bytes = e != nullptr && dptr != 0 ? e->take_device_memory(Engine::DeviceMemory::allocation, dptr) : 0;
+  CUresult r = free_it();
+  if (r != CUDA_SUCCESS && bytes != 0) e->restore_device_memory(Engine::DeviceMemory::allocation, dptr, bytes);
+  return r;
 }
 
 // Redirects one device allocation to managed memory, or returns nullopt to pass it through.
@@ -51,7 +71,14 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
   bool& counts = outside != nullptr ? *outside : ignored;
   counts = false;
   if (dptr == nullptr || bytes == 0) return std::nullopt;  // the driver reports its own error
-  counts = true;
+  // A stream-ordered allocation on a capturing stream is a graph memory node whichever way
+  // it goes (the graph owns its memory), and one on a stream the driver does not know fails.
+  bool capturing = false;
+  std::uint64_t capture = 0;
+  if (stream_ordered && interpose::capture_of(reinterpret_cast<CUstream>(stream), &capturing, &capture) != CUDA_SUCCESS) {
+    return std::nullopt;
+  }
+  counts = !capturing;
   Engine* e = engine_for_allocation();
   if (e == nullptr) {
     if (Engine* any = engine()) any->note_passed_through(false);
@@ -67,14 +94,7 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
   std::uint64_t addr = 0;
   Result r;
   if (stream_ordered) {
-    bool capturing = false;
-    std::uint64_t capture = 0;
-    if (interpose::capture_of(reinterpret_cast<CUstream>(stream), &capturing, &capture) != CUDA_SUCCESS) {
-      counts = false;
-      return std::nullopt;
-    }
     if (capturing) {
-      counts = false;
       e->note_passed_through(false);
       return std::nullopt;
     }
@@ -151,9 +171,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream stream, CUstream mapped, CUresult
     Result r = e->release(dptr, reinterpret_cast<StreamHandle>(mapped), &ours);
     if (ours) return interpose::to_cuda(r);
   }
-  CUresult r = real_fn(dptr, stream);
-  if (r == CUDA_SUCCESS) released_outside(dptr);
-  return r;
+  return free_outside(dptr, [&] { return real_fn(dptr, stream); });
 }
 
 void substitute_out(CUresult r, void** pfn) {
@@ -234,9 +252,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr) {
     Result r = e->release(dptr, std::nullopt, &ours);
     if (ours) return interpose::to_cuda(r);
   }
-  CUresult r = real().cuMemFree_v2(dptr);
-  if (r == CUDA_SUCCESS) released_outside(dptr);
-  return r;
+  return free_outside(dptr, [&] { return real().cuMemFree_v2(dptr); });
 }
 
 // VMM (cuMemCreate/cuMemRelease): physical memory the program maps itself (PyTorch's
@@ -249,17 +265,17 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
   interpose::ensure_driver();
   CUresult r = real().cuMemCreate(handle, size, prop, flags);
   if (r == CUDA_SUCCESS && handle != nullptr && prop != nullptr && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-    if (Engine* e = engine()) e->note_device_memory(Engine::DeviceMemory::vmm, *handle, size);
+    if (Engine* e = engine()) e->note_device_memory(Engine::DeviceMemory::vmm, *handle, size, prop->location.id);
   }
   return r;
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   interpose::ensure_driver();
+  Engine* e = engine();
+  const std::uint64_t bytes = e != nullptr ? e->take_device_memory(Engine::DeviceMemory::vmm, handle) : 0;
   CUresult r = real().cuMemRelease(handle);
-  if (r == CUDA_SUCCESS) {
-    if (Engine* e = engine()) e->note_device_memory_released(Engine::DeviceMemory::vmm, handle);
-  }
+  if (r != CUDA_SUCCESS && bytes != 0) e->restore_device_memory(Engine::DeviceMemory::vmm, handle, bytes);
   return r;
 }
 

@@ -8,9 +8,9 @@
 // Defaults: total = twice the GPU's memory, at most 12 GiB; block = 64 MiB; passes = 0.
 // --passes N then runs N passes over the blocks in order, each a kernel (fill_u32) per
 // block writing the pass's value, as a training loop walks its layers: a pattern a
-// prefetching policy can learn. The kernel is PTX for sm_90 (Hopper or newer); on the fake
-// driver of tests/fakecuda, whose modules are text descriptions, the same kernel is loaded
-// by its description.
+// prefetching policy can learn. The kernel is PTX for sm_75, JIT-compiled by the driver for
+// any GPU CUDA 13 supports; on the fake driver of tests/fakecuda, whose modules are text
+// descriptions, the same kernel is loaded by its description.
 #include <cuda.h>
 
 #include <cstdio>
@@ -50,7 +50,7 @@ double gib(unsigned long long b) { return static_cast<double>(b) / (1ull << 30);
 // (the kernel of bench/workloads/launch_check.cpp).
 const char* kFillPtx = R"(
 .version 8.0
-.target sm_90
+.target sm_75
 .address_size 64
 .visible .entry fill_u32(.param .u64 fp0, .param .u64 fp1, .param .u32 fp2)
 {
@@ -132,7 +132,14 @@ int main(int argc, char** argv) {
   // The passes: block i holds (i + 1) + 1000 * pass after pass `pass`.
   if (passes > 0) {
     CUmodule module = nullptr;
-    if (cuModuleLoadData(&module, kFillPtx) != CUDA_SUCCESS) CHECK(cuModuleLoadData(&module, kFakeImage));
+    CUresult loaded = cuModuleLoadData(&module, kFillPtx);
+    if (loaded != CUDA_SUCCESS && cuModuleLoadData(&module, kFakeImage) != CUDA_SUCCESS) {
+      const char* name = nullptr;
+      cuGetErrorName(loaded, &name);
+      std::fprintf(stderr, "oversubscribe: the driver cannot load the fill_u32 kernel (PTX for sm_75): %s\n",
+                   name ? name : "?");
+      return 1;
+    }
     CUfunction fill = nullptr;
     CHECK(cuModuleGetFunction(&fill, module, "fill_u32"));
     for (long pass = 1; pass <= passes; ++pass) {

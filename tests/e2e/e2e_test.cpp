@@ -698,14 +698,22 @@ TEST(SpillwayRun, RunsAProgramWithTheShimAndSettings) {
 
 TEST(SpillwayRun, ARunsReportsReplaceAnEarlierRunsUnderAPattern) {
   const std::string dir = temp_dir();
-  for (const char* name : {"r7.json", "r12.json", "rx.json", "r7.json.keep"}) std::ofstream(dir + "/" + name) << "old";
+  for (const char* name : {"r7.json", "r12.json", "rx.json", "r7.json.keep", "r7xjson", "p1.json"}) {
+    std::ofstream(dir + "/" + name) << "old";
+  }
   RunResult r = run({kCli, "run", "--report", dir + "/r%r.json", "--", kPrograms + "/alloc_paths", "cuMemAlloc"},
                     {{"LD_LIBRARY_PATH", kFakeDir}, {"RANK", "7"}});
   ASSERT_EQ(r.status, 0) << describe(r);
-  // The earlier run's r<rank>.json files are gone; other names stay.
-  EXPECT_EQ(files_in(dir), (std::vector<std::string>{"r7.json", "r7.json.keep", "rx.json"}));
+  // The earlier run's r<rank>.json files are gone; other names stay ('.' is no wildcard).
+  EXPECT_EQ(files_in(dir), (std::vector<std::string>{"p1.json", "r7.json", "r7.json.keep", "r7xjson", "rx.json"}));
   EXPECT_EQ(read_report(dir + "/r7.json")["allocations"]["redirected"], 1);
   EXPECT_EQ(read_file(dir + "/rx.json"), "old");
+  // Names with %p are one per process: an earlier run's are kept.
+  RunResult p = run({kCli, "run", "--report", dir + "/p%p.json", "--", kPrograms + "/alloc_paths", "cuMemAlloc"},
+                    {{"LD_LIBRARY_PATH", kFakeDir}});
+  ASSERT_EQ(p.status, 0) << describe(p);
+  EXPECT_EQ(read_file(dir + "/p1.json"), "old");
+  EXPECT_EQ(files_in(dir).size(), 6u) << ::testing::PrintToString(files_in(dir));
 }
 
 // ---- spillway info ------------------------------------------------------------------------------------

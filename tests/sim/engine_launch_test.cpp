@@ -102,6 +102,41 @@ TEST(EngineLaunch, ALaunchOnAnotherDeviceIsLeftToTheDriver) {
   EXPECT_EQ(s.launches_other_device, 1u);
 }
 
+// Device memory held outside managed memory (issue 15 item 2) shrinks the budget while it
+// lives, on the Engine's own device only, and never below 0.
+TEST(EngineLaunch, DeviceMemoryOutsideShrinksTheBudgetWhileItLives) {
+  using Kind = Engine::DeviceMemory;
+  Fixture f(8);
+  f.engine.note_device_memory(Kind::allocation, 0x1000, kChunkBytes, 0);  // before start(): already not free
+  EXPECT_EQ(f.engine.outside_device_bytes(), 0u);
+  std::uint64_t a = f.alloc(kChunkBytes);  // starts the Engine (device 0)
+  ASSERT_EQ(f.engine.device(), 0);
+  const std::uint64_t budget = f.engine.budget_bytes();
+  EXPECT_EQ(budget, 8 * kChunkBytes);
+  EXPECT_EQ(f.engine.take_device_memory(Kind::allocation, 0x1000), 0u) << "noted before start: never counted";
+  f.engine.note_device_memory(Kind::allocation, 0x2000, 3 * kChunkBytes, 0);
+  f.engine.note_device_memory(Kind::vmm, 0x2000, kChunkBytes, 0);  // the same number, another kind
+  f.engine.note_device_memory(Kind::allocation, 0x3000, 4 * kChunkBytes, 1);  // another GPU's
+  EXPECT_EQ(f.engine.budget_bytes(), budget - 4 * kChunkBytes);
+  f.engine.note_device_memory(Kind::allocation, 0x2000, 2 * kChunkBytes, 0);  // the key again: replaced
+  EXPECT_EQ(f.engine.outside_device_bytes(), 3 * kChunkBytes);
+  EXPECT_EQ(f.engine.take_device_memory(Kind::allocation, 0x2000), 2 * kChunkBytes);
+  EXPECT_EQ(f.engine.take_device_memory(Kind::allocation, 0x2000), 0u);
+  f.engine.restore_device_memory(Kind::allocation, 0x2000, 2 * kChunkBytes);  // the driver refused the free
+  EXPECT_EQ(f.engine.outside_device_bytes(), 3 * kChunkBytes);
+  f.engine.note_device_memory(Kind::vmm, 0x9000, 64 * kChunkBytes, 0);
+  EXPECT_EQ(f.engine.budget_bytes(), 0u) << "never below 0";
+  f.launch({{a, kChunkBytes, false}});
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 0u) << "no room: the kernel faults, as under demand paging";
+  f.engine.take_device_memory(Kind::vmm, 0x9000);
+  f.engine.take_device_memory(Kind::vmm, 0x2000);
+  f.engine.take_device_memory(Kind::allocation, 0x2000);
+  EXPECT_EQ(f.engine.budget_bytes(), budget);
+  Stats s = f.engine.stats();
+  EXPECT_EQ(s.outside_device_peak_bytes, 67 * kChunkBytes);
+  EXPECT_EQ(s.start_budget_bytes, budget);
+}
+
 TEST(EngineLaunch, RunsAreSplitAtBlockBoundariesAndClippedToBlocks) {
   Fixture f(8);
   std::uint64_t a = f.alloc(kChunkBytes + 100);  // 2 chunks, the second mostly empty

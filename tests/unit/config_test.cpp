@@ -231,22 +231,27 @@ TEST(Config, OutputPathPatterns) {
   EXPECT_EQ(expand_output_pattern("plain", 7, "1"), "plain");
 }
 
-TEST(Config, RankComesFromRankThenLocalRank) {
+TEST(Config, RankComesFromTheLaunchersVariables) {
   struct Saved {
     std::string name;
     std::optional<std::string> value;
   };
   std::vector<Saved> saved;
-  for (const char* v : {"RANK", "LOCAL_RANK"}) {
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "LOCAL_RANK"}) {
     const char* now = std::getenv(v);
     saved.push_back({v, now ? std::optional<std::string>(now) : std::nullopt});
   }
   auto set = [](const char* name, const char* value) { value ? ::setenv(name, value, 1) : ::unsetenv(name); };
-  set("RANK", nullptr);
-  set("LOCAL_RANK", nullptr);
+  for (const Saved& s : saved) set(s.name.c_str(), nullptr);
   EXPECT_EQ(rank_from_environment(), "0");
   set("LOCAL_RANK", "2");
   EXPECT_EQ(rank_from_environment(), "2");
+  set("SLURM_PROCID", "5");
+  EXPECT_EQ(rank_from_environment(), "5") << "a global rank before the node's";
+  set("OMPI_COMM_WORLD_RANK", "9");
+  EXPECT_EQ(rank_from_environment(), "9");
+  set("OMPI_COMM_WORLD_RANK", nullptr);
+  set("SLURM_PROCID", nullptr);
   set("RANK", "17");
   EXPECT_EQ(rank_from_environment(), "17");
   set("RANK", "-1");  // not a rank: LOCAL_RANK is used

@@ -1110,11 +1110,9 @@ void Engine::note_passed_through(bool excluded) {
   if (excluded) ++counters_.allocations_excluded;
 }
 
-void Engine::note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes) {
-  if (bytes == 0 || start_state_.load(std::memory_order_acquire) != 1) return;
-  std::lock_guard lock(outside_mutex_);
+void Engine::count_outside_locked(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes) {
   auto [it, inserted] = outside_.try_emplace({static_cast<int>(kind), key}, bytes);
-  if (!inserted) {  // (the driver reused a key whose release we missed)
+  if (!inserted) {  // (a key whose release was missed, e.g. a destroyed context's memory)
     outside_bytes_.fetch_sub(it->second, std::memory_order_relaxed);
     it->second = bytes;
   }
@@ -1122,13 +1120,37 @@ void Engine::note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint6
   if (now > outside_peak_.load(std::memory_order_relaxed)) outside_peak_.store(now, std::memory_order_relaxed);
 }
 
-bool Engine::note_device_memory_released(DeviceMemory kind, std::uint64_t key) {
+void Engine::note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept {
+  if (bytes == 0 || device != this->device()) return;
+  std::lock_guard lock(outside_mutex_);
+  if (outside_failed_) return;
+  try {
+    count_outside_locked(kind, key, bytes);
+  } catch (...) {
+    outside_failed_ = true;
+    log(LogLevel::warn, "cannot record device memory held outside managed memory (out of memory); the budget stops counting it");
+  }
+}
+
+std::uint64_t Engine::take_device_memory(DeviceMemory kind, std::uint64_t key) noexcept {
   std::lock_guard lock(outside_mutex_);
   auto it = outside_.find({static_cast<int>(kind), key});
-  if (it == outside_.end()) return false;
-  outside_bytes_.fetch_sub(it->second, std::memory_order_relaxed);
+  if (it == outside_.end()) return 0;
+  const std::uint64_t bytes = it->second;
+  outside_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
   outside_.erase(it);
-  return true;
+  return bytes;
+}
+
+void Engine::restore_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes) noexcept {
+  if (bytes == 0) return;
+  std::lock_guard lock(outside_mutex_);
+  if (outside_failed_) return;
+  try {
+    count_outside_locked(kind, key, bytes);
+  } catch (...) {
+    outside_failed_ = true;
+  }
 }
 
 Stats Engine::stats() const {

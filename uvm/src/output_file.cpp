@@ -44,7 +44,8 @@ bool is_decimal(const char* s) {
 }  // namespace
 
 std::string rank_from_environment() {
-  for (const char* variable : {"RANK", "LOCAL_RANK"}) {
+  // torchrun (RANK), Open MPI, MPICH/Intel MPI (PMI_RANK), Slurm; then the node-local rank.
+  for (const char* variable : {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "LOCAL_RANK"}) {
     const char* v = std::getenv(variable);
     if (is_decimal(v)) return v;
   }

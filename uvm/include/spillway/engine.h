@@ -99,6 +99,9 @@ class Engine {
   bool usable();  // start() has succeeded (calls it if needed)
   // start() has run (successfully or not). Lock-free.
   bool started() const { return start_state_.load(std::memory_order_acquire) != 0; }
+  // The device the Engine plans for (the one current at start()); -1 before a successful
+  // start(). Lock-free.
+  int device() const { return start_state_.load(std::memory_order_acquire) == 1 ? device_ : -1; }
 
   // Allocates `bytes` of managed memory for a device allocation of `kind` and records it.
   // With the sub-allocator (config().suballocator, where the Backend has fences), the block
@@ -198,15 +201,21 @@ class Engine {
   // (cuMemCreate: PyTorch's expandable segments, JAX/XLA's VMM allocator). It occupies the
   // GPU as a resident chunk would, so while it lives budget_bytes() is the budget read at
   // start() less its bytes (never below 0), and the next plan evicts to fit. `key` names it
-  // at its release: an allocation's address, or a VMM handle (kind vmm). Memory noted before
+  // at its release: an allocation's address, or a VMM handle (kind vmm); `device` is where
+  // it lies: memory on another device than device() is not counted. Memory noted before
   // start() is not counted (the free memory the budget was read from already excludes it),
-  // nor is its release. A pool keeps freed memory until it is trimmed: counting it only
-  // while an allocation lives is a lower bound. Thread-safe (a lock of its own, never held
-  // with the Engine's).
+  // nor is its release; the budget does not grow back when it is freed. A pool keeps freed
+  // memory until it is trimmed: counting it only while an allocation lives is a lower
+  // bound. Thread-safe (a lock of its own, never held with the Engine's); never throws (a
+  // failure to record stops the counting, with one warning).
   enum class DeviceMemory { allocation, vmm };
-  void note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes);
-  // Its release; false (nothing changes) for a key not counted. Thread-safe.
-  bool note_device_memory_released(DeviceMemory kind, std::uint64_t key);
+  void note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept;
+  // Takes the record of `key` out of the count before the driver frees it (so that an
+  // address or handle the driver hands out again at once is counted afresh) and returns its
+  // bytes, 0 when it was not counted; give them back with restore_device_memory() if the
+  // driver refuses the free. Thread-safe; never throws.
+  std::uint64_t take_device_memory(DeviceMemory kind, std::uint64_t key) noexcept;
+  void restore_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes) noexcept;
   // The bytes counted now. Lock-free.
   std::uint64_t outside_device_bytes() const { return outside_bytes_.load(std::memory_order_relaxed); }
 
@@ -399,6 +408,8 @@ class Engine {
   // Device memory outside managed memory (note_device_memory): by (kind, key), bytes.
   std::mutex outside_mutex_;
   std::map<std::pair<int, std::uint64_t>, std::uint64_t> outside_;  // guarded by outside_mutex_
+  bool outside_failed_ = false;                                      // guarded by outside_mutex_
+  void count_outside_locked(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes);  // may throw
   std::atomic<std::uint64_t> outside_bytes_{0};
   std::atomic<std::uint64_t> outside_peak_{0};
 

@@ -26,15 +26,15 @@ std::string with_pid(const std::string& path, long pid);
 // SPILLWAY_REPORT and SPILLWAY_TRACE name one file per process (and per rank of a
 // distributed job) with these patterns:
 //   %p  the process id (getpid(), read when the file is created);
-//   %r  the rank: $RANK, else $LOCAL_RANK, else 0 (torchrun sets both for each worker:
-//       RANK is the global rank, unique across nodes; LOCAL_RANK the rank on this node,
-//       PyTorch docs "torchrun (Elastic Launch)", section "Environment Variables");
+//   %r  the rank: the first of $RANK (torchrun: the global rank, unique across nodes;
+//       PyTorch docs "torchrun (Elastic Launch)", "Environment Variables"),
+//       $OMPI_COMM_WORLD_RANK (Open MPI), $PMI_RANK (MPICH, Intel MPI), $SLURM_PROCID
+//       (Slurm) and $LOCAL_RANK (the rank on this node) that is a decimal number, else 0;
 //   %%  a '%'.
 // Returns true when every '%' of `pattern` starts one of these (no other '%' may appear).
 bool valid_output_pattern(std::string_view pattern);
 
-// The rank %r stands for: the value of RANK when it is a decimal number, else of LOCAL_RANK
-// when that is one, else "0". Reads the environment; thread-safe as getenv is.
+// The rank %r stands for (above), as text; "0" when no variable holds one. Reads the environment; thread-safe as getenv is.
 std::string rank_from_environment();
 
 // `pattern` with %p replaced by `pid`, %r by `rank` and %% by '%'. A pattern that is not
