@@ -17,42 +17,12 @@
 #include <vector>
 
 #include "common.h"  // tests/programs: CHECK, init_context
+#include "fill_ptx.h"
 
-// The grid-stride loop both kernels end with: stores %r1 into the %rd2 words at %rd1.
-const char* kFillLoop = R"(  cvta.to.global.u64 %rd3, %rd1;
-  mov.u32 %r2, %ctaid.x;
-  mov.u32 %r3, %ntid.x;
-  mov.u32 %r4, %tid.x;
-  mad.lo.u32 %r5, %r2, %r3, %r4;
-  cvt.u64.u32 %rd4, %r5;
-  mov.u32 %r6, %nctaid.x;
-  mul.wide.u32 %rd5, %r6, %r3;
-L1:
-  setp.ge.u64 %p1, %rd4, %rd2;
-  @%p1 bra L2;
-  shl.b64 %rd6, %rd4, 2;
-  add.s64 %rd7, %rd3, %rd6;
-  st.global.u32 [%rd7], %r1;
-  add.s64 %rd4, %rd4, %rd5;
-  bra L1;
-L2:
-  ret;
-}
-)";
+using spillway::bench::kFillLoop;
 
-const std::string kPtx = std::string(R"(
-.version 8.0
-.target sm_90
-.address_size 64
-.visible .entry fill_u32(.param .u64 fp0, .param .u64 fp1, .param .u32 fp2)
-{
-  .reg .pred %p<2>;
-  .reg .b32 %r<8>;
-  .reg .b64 %rd<10>;
-  ld.param.u64 %rd1, [fp0];
-  ld.param.u64 %rd2, [fp1];
-  ld.param.u32 %r1, [fp2];
-)") + kFillLoop + R"(.visible .entry struct_k(.param .align 8 .b8 sp0[24])
+const std::string kPtx = spillway::bench::ptx_header("sm_90") + spillway::bench::kFillU32Entry + kFillLoop +
+                         R"(.visible .entry struct_k(.param .align 8 .b8 sp0[24])
 {
   .reg .pred %p<2>;
   .reg .b32 %r<8>;

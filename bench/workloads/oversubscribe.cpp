@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "fill_ptx.h"
+
 namespace {
 
 #define CHECK(call)                                                                    \
@@ -46,40 +48,6 @@ unsigned long long parse_bytes(const char* text) {
 
 double gib(unsigned long long b) { return static_cast<double>(b) / (1ull << 30); }
 
-// fill_u32(u32* p, u64 count, u32 value): p[i] = value for i < count, a grid-stride loop
-// (the kernel of bench/workloads/launch_check.cpp).
-const char* kFillPtx = R"(
-.version 8.0
-.target sm_75
-.address_size 64
-.visible .entry fill_u32(.param .u64 fp0, .param .u64 fp1, .param .u32 fp2)
-{
-  .reg .pred %p<2>;
-  .reg .b32 %r<8>;
-  .reg .b64 %rd<10>;
-  ld.param.u64 %rd1, [fp0];
-  ld.param.u64 %rd2, [fp1];
-  ld.param.u32 %r1, [fp2];
-  cvta.to.global.u64 %rd3, %rd1;
-  mov.u32 %r2, %ctaid.x;
-  mov.u32 %r3, %ntid.x;
-  mov.u32 %r4, %tid.x;
-  mad.lo.u32 %r5, %r2, %r3, %r4;
-  cvt.u64.u32 %rd4, %r5;
-  mov.u32 %r6, %nctaid.x;
-  mul.wide.u32 %rd5, %r6, %r3;
-L1:
-  setp.ge.u64 %p1, %rd4, %rd2;
-  @%p1 bra L2;
-  shl.b64 %rd6, %rd4, 2;
-  add.s64 %rd7, %rd3, %rd6;
-  st.global.u32 [%rd7], %r1;
-  add.s64 %rd4, %rd4, %rd5;
-  bra L1;
-L2:
-  ret;
-}
-)";
 const char* kFakeImage = "fill_u32(8,8,4)";  // tests/fakecuda's module description
 
 }  // namespace
@@ -132,7 +100,8 @@ int main(int argc, char** argv) {
   // The passes: block i holds (i + 1) + 1000 * pass after pass `pass`.
   if (passes > 0) {
     CUmodule module = nullptr;
-    CUresult loaded = cuModuleLoadData(&module, kFillPtx);
+    const std::string ptx = spillway::bench::fill_u32_module("sm_75");
+    CUresult loaded = cuModuleLoadData(&module, ptx.c_str());
     if (loaded != CUDA_SUCCESS && cuModuleLoadData(&module, kFakeImage) != CUDA_SUCCESS) {
       const char* name = nullptr;
       cuGetErrorName(loaded, &name);

@@ -1121,15 +1121,7 @@ void Engine::count_outside_locked(DeviceMemory kind, std::uint64_t key, std::uin
 }
 
 void Engine::note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept {
-  if (bytes == 0 || device != this->device()) return;
-  std::lock_guard lock(outside_mutex_);
-  if (outside_failed_) return;
-  try {
-    count_outside_locked(kind, key, bytes);
-  } catch (...) {
-    outside_failed_ = true;
-    log(LogLevel::warn, "cannot record device memory held outside managed memory (out of memory); the budget stops counting it");
-  }
+  if (device == this->device()) restore_device_memory(kind, key, bytes);
 }
 
 std::uint64_t Engine::take_device_memory(DeviceMemory kind, std::uint64_t key) noexcept {
@@ -1143,13 +1135,14 @@ std::uint64_t Engine::take_device_memory(DeviceMemory kind, std::uint64_t key) n
 }
 
 void Engine::restore_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes) noexcept {
-  if (bytes == 0) return;
+  if (bytes == 0 || start_state_.load(std::memory_order_acquire) != 1) return;
   std::lock_guard lock(outside_mutex_);
   if (outside_failed_) return;
   try {
     count_outside_locked(kind, key, bytes);
   } catch (...) {
     outside_failed_ = true;
+    log(LogLevel::warn, "cannot record device memory held outside managed memory (out of memory); the budget stops counting it");
   }
 }
 
