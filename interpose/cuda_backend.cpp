@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <fstream>
 #include <mutex>
@@ -24,6 +25,8 @@ Result from_cuda(CUresult r) {
 }
 
 Result missing() { return Result{Status::not_supported, CUDA_ERROR_NOT_INITIALIZED}; }
+
+void note_current_context();
 
 CUmemLocation location_of(Location where, int device) {
   CUmemLocation loc{};
@@ -99,6 +102,7 @@ bool CudaBackend::concurrent_managed_access() {
 
 Result CudaBackend::allocate_managed(std::uint64_t bytes, std::uint64_t* addr) {
   ShimCallScope scope;
+  note_current_context();  // (its work may use the range: fences record there)
   CUdeviceptr p = 0;
   CUresult r = real().cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
   *addr = p;
@@ -126,7 +130,29 @@ std::mutex g_streams_mutex;
 std::array<std::pair<CUstream, std::uint64_t>, kStreamSlots> g_streams{};  // guarded by g_streams_mutex
 std::uint64_t g_launches = 0;                                               // guarded by g_streams_mutex
 
+// The contexts the program allocated or launched in (CudaBackend::record_fence records on
+// each: the legacy default stream of one context does not follow another's work; CUDA
+// Programming Guide, "Default Stream": it is per context). Few: one per device in use, as a
+// rule. Guarded by g_streams_mutex.
+std::vector<CUcontext>& g_contexts = *new std::vector<CUcontext>;
+std::atomic<std::uint64_t> g_contexts_forgotten{0};  // forget_context() calls: thread caches below go stale
+thread_local CUcontext t_noted_context = nullptr;     // the last this thread registered
+thread_local std::uint64_t t_noted_generation = 0;    // ... when g_contexts_forgotten was this
+
+// Registers the calling thread's current context.
+void note_current_context() {
+  CUcontext ctx = nullptr;
+  if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return;
+  const std::uint64_t generation = g_contexts_forgotten.load(std::memory_order_acquire);
+  if (ctx == t_noted_context && generation == t_noted_generation) return;
+  std::lock_guard lock(g_streams_mutex);
+  if (std::find(g_contexts.begin(), g_contexts.end(), ctx) == g_contexts.end()) g_contexts.push_back(ctx);
+  t_noted_context = ctx;
+  t_noted_generation = generation;
+}
+
 void note_launch_stream(CUstream stream) {
+  note_current_context();
   std::lock_guard lock(g_streams_mutex);
   ++g_launches;
   if (stream == CU_STREAM_PER_THREAD) return;  // names another stream on every thread
@@ -145,8 +171,9 @@ void note_launch_stream(CUstream stream) {
 // prefetches are enqueued under its mutex (enqueueing is quick: the copies are
 // asynchronous), so that a prefetch toward the GPU is enqueued either before an eviction or
 // after a wait that covers it, whichever threads issue them.
+// Per device: the shim's host stream is that device's (CudaBackend::own_stream).
 std::mutex g_evicted_mutex;
-bool g_evicted = false;  // guarded by g_evicted_mutex
+std::array<bool, CudaBackend::kMaxDevices> g_evicted{};  // guarded by g_evicted_mutex
 
 // Events used only for ordering (record + cuStreamWaitEvent; re-recording is legal once the
 // wait is enqueued, and the wait keeps the recorded work, so an event can go to another
@@ -219,13 +246,27 @@ namespace {
 // Non-blocking streams the program created (cuStreamCreate / cuStreamCreateWithPriority with
 // CU_STREAM_NON_BLOCKING): a fence records an event on each, since the legacy default stream
 // does not follow them. Guarded by g_streams_mutex.
-std::vector<CUstream>& g_nonblocking = *new std::vector<CUstream>;
+std::vector<std::pair<CUstream, CUcontext>>& g_nonblocking = *new std::vector<std::pair<CUstream, CUcontext>>;
 }  // namespace
 
 void note_stream_created(CUstream stream, unsigned flags) {
   if (stream == nullptr || (flags & CU_STREAM_NON_BLOCKING) == 0) return;
+  CUcontext ctx = nullptr;  // (a stream belongs to the context current at its creation)
+  {
+    ShimCallScope scope;
+    if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+  }
+  note_current_context();
   std::lock_guard lock(g_streams_mutex);
-  g_nonblocking.push_back(stream);
+  g_nonblocking.emplace_back(stream, ctx);
+}
+
+void forget_context(CUcontext ctx) {
+  std::lock_guard lock(g_streams_mutex);
+  g_contexts_forgotten.fetch_add(1, std::memory_order_acq_rel);
+  std::erase(g_contexts, ctx);
+  std::erase_if(g_nonblocking, [ctx](const auto& s) { return s.second == ctx; });
+  backend_instance().forget_streams_of(ctx);
 }
 
 void forget_launch_stream(CUstream stream) {
@@ -233,26 +274,31 @@ void forget_launch_stream(CUstream stream) {
   for (auto& slot : g_streams) {
     if (slot.second != 0 && slot.first == stream) slot = {nullptr, 0};
   }
-  std::erase(g_nonblocking, stream);
+  std::erase_if(g_nonblocking, [stream](const auto& s) { return s.first == stream; });
 }
 
 namespace {
 
-// A fence (Backend::record_fence): the events it waits for, all complete once it is.
+// A fence (Backend::record_fence): the events it waits for, all complete once it is, each
+// with the context it was created in.
 struct FenceRecord {
-  std::vector<CUevent> events;
+  std::vector<std::pair<CUcontext, CUevent>> events;
 };
 
-// Events for fences, reused (never destroyed: the driver may be unloading at exit).
+// Events for fences, reused per context (an event is recorded only on a stream of its own
+// context; never destroyed: the driver may be unloading at exit, and a destroyed context
+// takes its events with it).
 std::mutex g_fence_events_mutex;
-std::vector<CUevent>& g_fence_events = *new std::vector<CUevent>;  // guarded by g_fence_events_mutex
+std::vector<std::pair<CUcontext, CUevent>>& g_fence_events = *new std::vector<std::pair<CUcontext, CUevent>>;  // guarded
 
-CUevent fence_event() {
+// An event of the current context `ctx`.
+CUevent fence_event(CUcontext ctx) {
   {
     std::lock_guard lock(g_fence_events_mutex);
-    if (!g_fence_events.empty()) {
-      CUevent e = g_fence_events.back();
-      g_fence_events.pop_back();
+    for (auto it = g_fence_events.rbegin(); it != g_fence_events.rend(); ++it) {
+      if (it->first != ctx) continue;
+      CUevent e = it->second;
+      g_fence_events.erase(std::next(it).base());
       return e;
     }
   }
@@ -261,9 +307,14 @@ CUevent fence_event() {
   return e;
 }
 
-void give_back(const std::vector<CUevent>& events) {
+void give_back(const std::vector<std::pair<CUcontext, CUevent>>& events) {
   std::lock_guard lock(g_fence_events_mutex);
   g_fence_events.insert(g_fence_events.end(), events.begin(), events.end());
+}
+
+void forget_fence_events(CUcontext ctx) {
+  std::lock_guard lock(g_fence_events_mutex);
+  std::erase_if(g_fence_events, [ctx](const auto& e) { return e.first == ctx; });
 }
 
 using DiscardBatchFn = CUresult (*)(CUdeviceptr*, size_t*, size_t, unsigned long long, CUstream);
@@ -289,45 +340,78 @@ DiscardBatchFn discard_batch() {
 Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::uint64_t* discard_bytes, std::size_t count,
                                  EventHandle* fence) {
   ShimCallScope scope;
-  if (real().cuEventRecord == nullptr || real().cuEventQuery == nullptr || real().cuStreamWaitEvent == nullptr) return missing();
+  if (real().cuEventRecord == nullptr || real().cuEventQuery == nullptr || real().cuStreamWaitEvent == nullptr ||
+      real().cuCtxGetCurrent == nullptr) {
+    return missing();
+  }
   RelaxedCaptureMode relaxed;
+  CUcontext current = nullptr;
+  if (CUresult r = real().cuCtxGetCurrent(&current); r != CUDA_SUCCESS || current == nullptr) {
+    return from_cuda(r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_CONTEXT);
+  }
+  note_current_context();
   auto record = std::make_unique<FenceRecord>();
   auto fail = [&](CUresult r) {
     give_back(record->events);
     return from_cuda(r);
   };
-  auto on = [&](CUstream stream) -> CUresult {
-    CUevent e = fence_event();
+  // (With `ctx` current.)
+  auto on = [&](CUcontext ctx, CUstream stream) -> CUresult {
+    CUevent e = fence_event(ctx);
     if (e == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = real().cuEventRecord(e, stream);
     if (r != CUDA_SUCCESS) {
-      give_back({e});
+      give_back({{ctx, e}});
       return r;
     }
-    record->events.push_back(e);
+    record->events.emplace_back(ctx, e);
     return CUDA_SUCCESS;
   };
-  CUstream to_gpu = own_stream(Location::gpu), to_host = own_stream(Location::cpu);
+  // Every context's work: its legacy default stream, the non-blocking streams made in it, and
+  // the shim's own streams there (a prefetch may still be copying a range the fence frees).
+  auto on_context = [&](CUcontext ctx) -> CUresult {
+    if (CUresult r = on(ctx, CU_STREAM_LEGACY); r != CUDA_SUCCESS) return r;
+    for (const auto& [s, c] : g_nonblocking) {
+      if (c != ctx) continue;
+      if (CUresult r = on(ctx, s); r != CUDA_SUCCESS) return r;
+    }
+    for (CUstream s : own_streams_of(ctx)) {
+      if (CUresult r = on(ctx, s); r != CUDA_SUCCESS) return r;
+    }
+    return CUDA_SUCCESS;
+  };
   {
     // Under the registry's lock: no capture begins and no registered stream is destroyed
     // meanwhile. While a capture is in progress the legacy stream may not be used (it would
     // join the capture of any blocking stream: Programming Guide, "Stream Capture"): later.
     std::lock_guard lock(g_streams_mutex);
     if (captures_in_progress()) return Result{Status::not_ready, 0};
-    if (CUresult r = on(CU_STREAM_LEGACY); r != CUDA_SUCCESS) return fail(r);
-    for (CUstream s : g_nonblocking) {
-      if (CUresult r = on(s); r != CUDA_SUCCESS) return fail(r);
+    if (CUresult r = on_context(current); r != CUDA_SUCCESS) return fail(r);
+    for (CUcontext ctx : g_contexts) {
+      if (ctx == current) continue;
+      // A context made current here for the records. One that refuses them is no longer
+      // active (a primary context reset or released for the last time: its work is complete
+      // or gone with it; a destroyed one left the registry in the cuCtxDestroy hook): skipped,
+      // with the events recorded in it so far, so that no range stays parked for ever.
+      if (real().cuCtxPushCurrent_v2 == nullptr || real().cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) continue;
+      const std::size_t before = record->events.size();
+      CUresult r = on_context(ctx);
+      CUcontext popped = nullptr;
+      real().cuCtxPopCurrent_v2(&popped);
+      if (r != CUDA_SUCCESS) {
+        give_back(std::vector<std::pair<CUcontext, CUevent>>(record->events.begin() + static_cast<std::ptrdiff_t>(before),
+                                                             record->events.end()));
+        record->events.resize(before);
+      }
     }
   }
-  // The shim's own moves too: a prefetch may still be copying a range the fence frees.
-  for (CUstream s : {to_gpu, to_host}) {
-    if (s == nullptr) continue;
-    if (CUresult r = on(s); r != CUDA_SUCCESS) return fail(r);
-  }
+  const int device = current_device();
+  CUstream to_host = own_stream(Location::cpu, device);
   DiscardBatchFn discard = count > 0 && to_host != nullptr ? discard_batch() : nullptr;
   if (discard != nullptr) {
-    // The host stream waits for all of it, discards, and the fence is its event after that.
-    for (CUevent e : record->events) real().cuStreamWaitEvent(to_host, e, 0);
+    // The host stream waits for all of it (an event of another context may be waited for:
+    // cuStreamWaitEvent), discards, and the fence is its event after that.
+    for (const auto& [ctx, e] : record->events) real().cuStreamWaitEvent(to_host, e, 0);
     std::vector<CUdeviceptr> ptrs(discard_addr, discard_addr + count);
     std::vector<size_t> sizes(discard_bytes, discard_bytes + count);
     if (discard(ptrs.data(), sizes.data(), count, 0, to_host) == CUDA_SUCCESS) {
@@ -335,10 +419,10 @@ Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::u
         // The next prefetch toward the GPU waits for the host stream, hence for this discard:
         // the room the plan counts is then free on the device too (Engine::carry_out).
         std::lock_guard lock(g_evicted_mutex);
-        g_evicted = true;
+        if (device >= 0 && device < kMaxDevices) g_evicted[static_cast<std::size_t>(device)] = true;
       }
-      if (CUresult r = on(to_host); r != CUDA_SUCCESS) return fail(r);
-      give_back(std::vector<CUevent>(record->events.begin(), record->events.end() - 1));
+      if (CUresult r = on(current, to_host); r != CUDA_SUCCESS) return fail(r);
+      give_back(std::vector<std::pair<CUcontext, CUevent>>(record->events.begin(), record->events.end() - 1));
       record->events.erase(record->events.begin(), record->events.end() - 1);
     }
   }
@@ -351,7 +435,7 @@ Result CudaBackend::fence_done(EventHandle fence) {
   RelaxedCaptureMode relaxed;
   auto* record = reinterpret_cast<FenceRecord*>(fence);
   while (!record->events.empty()) {
-    CUresult r = real().cuEventQuery(record->events.back());
+    CUresult r = real().cuEventQuery(record->events.back().second);
     if (r == CUDA_ERROR_NOT_READY) return Result{Status::not_ready, r};
     give_back({record->events.back()});
     record->events.pop_back();
@@ -364,7 +448,7 @@ Result CudaBackend::wait_fence(EventHandle fence) {
   ShimCallScope scope;
   RelaxedCaptureMode relaxed;
   auto* record = reinterpret_cast<FenceRecord*>(fence);
-  for (CUevent e : record->events) {
+  for (const auto& [ctx, e] : record->events) {
     if (CUresult r = real().cuEventSynchronize(e); r != CUDA_SUCCESS) return from_cuda(r);
   }
   return Result{};
@@ -376,23 +460,57 @@ void CudaBackend::release_fence(EventHandle fence) {
   delete record;
 }
 
-CUstream CudaBackend::own_stream(Location to) {
-  std::atomic<CUstream>& slot = to == Location::gpu ? to_gpu_stream_ : to_host_stream_;
+CUstream CudaBackend::own_stream(Location to, int device) {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  OwnStreams& own = own_[static_cast<std::size_t>(device)];
+  std::atomic<CUstream>& slot = to == Location::gpu ? own.to_gpu : own.to_host;
   CUstream s = slot.load(std::memory_order_acquire);
   if (s != nullptr || real().cuStreamCreate == nullptr) return s;
+  CUcontext ctx = nullptr;
+  if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
+  if (current_device() != device) return nullptr;  // (made in a context of that device only)
+  std::lock_guard lock(own_mutex_);
+  if ((s = slot.load(std::memory_order_acquire)) != nullptr) return s;
+  // Both of a device's streams belong to one context: the first one current there.
+  if (CUcontext was = own.context.load(std::memory_order_acquire); was != nullptr && was != ctx) return nullptr;
   CUstream created = nullptr;
   if (real().cuStreamCreate(&created, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
-  CUstream expected = nullptr;
-  if (!slot.compare_exchange_strong(expected, created)) return expected;  // another thread won; leak one stream
+  own.context.store(ctx, std::memory_order_release);
+  slot.store(created, std::memory_order_release);
   return created;
+}
+
+std::vector<CUstream> CudaBackend::own_streams_of(CUcontext ctx) {
+  std::vector<CUstream> out;
+  for (OwnStreams& own : own_) {
+    if (own.context.load(std::memory_order_acquire) != ctx) continue;
+    for (std::atomic<CUstream>* slot : {&own.to_gpu, &own.to_host}) {
+      if (CUstream s = slot->load(std::memory_order_acquire)) out.push_back(s);
+    }
+  }
+  return out;
+}
+
+void CudaBackend::forget_streams_of(CUcontext ctx) {
+  std::lock_guard lock(own_mutex_);
+  for (OwnStreams& own : own_) {
+    if (own.context.load(std::memory_order_acquire) != ctx) continue;
+    own.to_gpu.store(nullptr, std::memory_order_release);  // (destroyed with their context)
+    own.to_host.store(nullptr, std::memory_order_release);
+    own.context.store(nullptr, std::memory_order_release);
+  }
+  forget_fence_events(ctx);
 }
 
 Result CudaBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) {
   ShimCallScope scope;
   if (real().cuMemPrefetchAsync_v2 == nullptr) return missing();
   RelaxedCaptureMode relaxed;
-  CUstream stream = own_stream(to);
+  // (`device`'s own streams, for either direction: the Engine issues a device's moves while
+  // it is current — its launches, its allocations.)
+  CUstream stream = own_stream(to, device);
   if (stream == nullptr) return missing();
+  const auto own_slot = static_cast<std::size_t>(device);
   if (to == Location::cpu) {
     if (LaunchOrder* o = t_order; o != nullptr && !o->host_ordered) {
       order_after(stream, o->launch_stream, 0);
@@ -409,14 +527,14 @@ Result CudaBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location t
       o->host_ordered = true;
     }
     std::lock_guard lock(g_evicted_mutex);
-    g_evicted = true;
+    g_evicted[own_slot] = true;
     return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
   }
   std::lock_guard lock(g_evicted_mutex);
-  if (g_evicted) {
-    CUstream host = own_stream(Location::cpu);
+  if (g_evicted[own_slot]) {
+    CUstream host = own_stream(Location::cpu, device);
     if (host != nullptr) order_after(stream, host, 1);
-    g_evicted = false;
+    g_evicted[own_slot] = false;
   }
   return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
 }

@@ -1,8 +1,10 @@
 // CudaBackend: the Engine's Backend over the real driver, through the REAL() pointers.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <mutex>
+#include <vector>
 
 #include "shim.h"
 #include "spillway/backend.h"
@@ -47,12 +49,26 @@ class CudaBackend final : public Backend {
   // Whether the calling thread has a current context (cuCtxGetDevice succeeds).
   bool has_current_context();
 
+  // The shim's own streams in `ctx` (record_fence); forgets them when `ctx` is destroyed.
+  std::vector<CUstream> own_streams_of(CUcontext ctx);
+  void forget_streams_of(CUcontext ctx);
+
+  static constexpr int kMaxDevices = 64;
+
  private:
-  // The shim's own streams: one toward the GPU, one toward the host (created lazily,
-  // non-blocking, never destroyed: the driver may be unloading at exit).
-  CUstream own_stream(Location to);
-  std::atomic<CUstream> to_gpu_stream_{nullptr};
-  std::atomic<CUstream> to_host_stream_{nullptr};
+  // The shim's own streams, per device: one toward the GPU, one toward the host (created
+  // lazily in the first context current on that device that moves data, non-blocking, never
+  // destroyed by the shim: the driver may be unloading at exit; a context's destruction takes
+  // them). A stream belongs to one context and an event recorded on it must be of that
+  // context (Driver API, cuEventRecord), so each device has its own.
+  struct OwnStreams {
+    std::atomic<CUstream> to_gpu{nullptr};
+    std::atomic<CUstream> to_host{nullptr};
+    std::atomic<CUcontext> context{nullptr};
+  };
+  CUstream own_stream(Location to, int device);  // nullptr: none (none can be made now)
+  std::array<OwnStreams, kMaxDevices> own_;
+  std::mutex own_mutex_;  // creating or forgetting them
 };
 
 // Set by a launch hook around Engine::launch on the calling thread: the program's stream
@@ -86,6 +102,9 @@ void forget_launch_stream(CUstream stream);
 // The program created `stream` with `flags` (cuStreamCreate, cuStreamCreateWithPriority): a
 // non-blocking one is fenced on its own (CudaBackend::record_fence). Thread-safe.
 void note_stream_created(CUstream stream, unsigned flags);
+// The program is about to destroy `ctx` (cuCtxDestroy, cuDevicePrimaryCtxReset): fences stop
+// recording in it, and the shim's streams and events there are forgotten. Thread-safe.
+void forget_context(CUcontext ctx);
 // The lock an eviction holds while it orders the host stream after other streams: the
 // capture-begin hooks hold it across the real call, so that no capture begins meanwhile.
 std::unique_lock<std::mutex> lock_launch_streams();

@@ -49,9 +49,11 @@ CUresult count_outside(CUresult r, const CUdeviceptr* dptr, std::uint64_t bytes)
 // back if the driver refuses.
 CUresult free_outside(CUdeviceptr dptr, const std::function<CUresult()>& free_it) {
   Engine* e = engine();
-  const std::uint64_t bytes = e != nullptr && dptr != 0 ? e->take_device_memory(Engine::DeviceMemory::allocation, dptr) : 0;
+  int device = 0;
+  const std::uint64_t bytes =
+      e != nullptr && dptr != 0 ? e->take_device_memory(Engine::DeviceMemory::allocation, dptr, &device) : 0;
   CUresult r = free_it();
-  if (r != CUDA_SUCCESS && bytes != 0) e->restore_device_memory(Engine::DeviceMemory::allocation, dptr, bytes);
+  if (r != CUDA_SUCCESS && bytes != 0) e->restore_device_memory(Engine::DeviceMemory::allocation, dptr, bytes, device);
   return r;
 }
 
@@ -273,9 +275,10 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   interpose::ensure_driver();
   Engine* e = engine();
-  const std::uint64_t bytes = e != nullptr ? e->take_device_memory(Engine::DeviceMemory::vmm, handle) : 0;
+  int device = 0;
+  const std::uint64_t bytes = e != nullptr ? e->take_device_memory(Engine::DeviceMemory::vmm, handle, &device) : 0;
   CUresult r = real().cuMemRelease(handle);
-  if (r != CUDA_SUCCESS && bytes != 0) e->restore_device_memory(Engine::DeviceMemory::vmm, handle, bytes);
+  if (r != CUDA_SUCCESS && bytes != 0) e->restore_device_memory(Engine::DeviceMemory::vmm, handle, bytes, device);
   return r;
 }
 

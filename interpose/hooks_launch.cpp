@@ -876,6 +876,8 @@ CUresult cuLibraryUnload(CUlibrary library) {
 
 CUresult cuCtxDestroy_v2(CUcontext ctx) {
   g_code_generation.fetch_add(1, std::memory_order_acq_rel);
+  // (Before the driver frees the handle, which it may hand out again.)
+  if (interpose::hooks_active() && ctx != nullptr) interpose::forget_context(ctx);
   return real().cuCtxDestroy_v2(ctx);
 }
 

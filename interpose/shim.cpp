@@ -140,8 +140,9 @@ State& state() {
     set_log_level(s->config.log_level);
     s->active = cr.errors.empty() && !s->config.disable;
     if (s->active) {
-      std::unique_ptr<Policy> policy = make_policy(s->config.policy);
-      if (policy) s->engine = new Engine(s->config, s->backend, std::move(policy));
+      // (One Policy instance per device's plan: engine.h, "One plan per device".)
+      const std::string name = s->config.policy;
+      if (make_policy(name)) s->engine = new Engine(s->config, s->backend, [name] { return make_policy(name); });
       else s->active = false;
       if (s->engine != nullptr && !s->config.trace_path.empty()) install_trace_recorder(*s->engine, s->config.trace_path);
     }

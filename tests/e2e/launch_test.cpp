@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -227,6 +228,138 @@ TEST_P(OutsideMemory, ShrinksTheBudgetWhileItLives) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, OutsideMemory, ::testing::Values("nccl", "vmm"));
+
+// Several GPUs (issue 15 items 1 and 3), on the fake with two devices.
+
+std::vector<std::uint64_t> block_list(const std::string& out, const std::string& key) {
+  std::vector<std::uint64_t> blocks;
+  std::istringstream in(field(out, key));
+  for (std::string b; std::getline(in, b, ',');) blocks.push_back(std::stoull(b));
+  return blocks;
+}
+
+TEST(MultiDevice, EachDeviceIsPlannedOnItsOwnGpuWithinItsOwnBudget) {
+  const std::string dir = temp_dir();
+  RunResult r = run({kPrograms + "/multi_device", "devices"},
+                    fake_env({{"FAKECUDA_DEVICES", "2"},
+                              {"FAKECUDA_GPU_MEMORY", "33554432"},
+                              {"FAKECUDA_LOG", dir + "/log"},
+                              {"FAKECUDA_STATS", dir + "/stats.json"},
+                              {"SPILLWAY_BUDGET", "32MiB"},
+                              {"SPILLWAY_REPORT", dir + "/report.json"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  EXPECT_NE(r.out.find("ok"), std::string::npos) << describe(r);
+  // Where each block belongs, by 2 MiB chunk.
+  std::map<std::uint64_t, int> owner;
+  for (int d = 0; d < 2; ++d) {
+    const auto blocks = block_list(r.out, d == 0 ? "blocks0" : "blocks1");
+    ASSERT_EQ(blocks.size(), 6u) << describe(r);
+    for (std::uint64_t b : blocks) {
+      for (std::uint64_t c = b >> 21; c <= (b + (8u << 20) - 1) >> 21; ++c) owner[c] = d;
+    }
+  }
+  const std::uint64_t shared = block_list(r.out, "blocks0")[0];  // also used from device 1
+  // Every prefetch toward a GPU goes to the device whose launches use the chunk, and each
+  // GPU's plan stays within its own 32 MiB (16 chunks).
+  std::map<std::uint64_t, int> resident;  // chunk -> the GPU the shim moved it to
+  std::size_t peak[2] = {0, 0}, to_gpu[2] = {0, 0};
+  std::istringstream log(read_file(dir + "/log"));
+  for (std::string line; std::getline(log, line);) {
+    if (!line.starts_with("cuMemPrefetchAsync_v2 ") || !line.ends_with("-> 0")) continue;
+    const std::uint64_t p = hex(log_field(line, "dptr")), n = std::stoull(log_field(line, "count"));
+    const bool gpu = log_field(line, "loc_type") == "1";
+    const int device = std::stoi(log_field(line, "loc_id"));
+    for (std::uint64_t c = p >> 21; c <= (p + n - 1) >> 21; ++c) {
+      if (!gpu) {
+        resident.erase(c);
+        continue;
+      }
+      ASSERT_TRUE(owner.count(c)) << line;
+      const bool in_shared = c >= shared >> 21 && c <= (shared + (8u << 20) - 1) >> 21;
+      if (!in_shared) EXPECT_EQ(device, owner[c]) << "a block prefetched to the other GPU: " << line;
+      resident[c] = device;
+      ++to_gpu[device];
+    }
+    std::size_t on[2] = {0, 0};
+    for (const auto& [c, d] : resident) ++on[d];
+    for (int d = 0; d < 2; ++d) peak[d] = std::max(peak[d], on[d]);
+  }
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_GT(to_gpu[d], 0u) << "device " << d << " was planned";
+    EXPECT_LE(peak[d], 16u) << "device " << d << " planned past its budget";
+  }
+  nlohmann::json report = nlohmann::json::parse(read_file(dir + "/report.json"));
+  ASSERT_EQ(report["devices"].size(), 2u) << report.dump();
+  for (int d = 0; d < 2; ++d) {
+    const nlohmann::json& dev = report["devices"][d];
+    EXPECT_EQ(dev["device"], d) << report.dump();
+    EXPECT_EQ(dev["bytes"]["budget"], 32u << 20) << report.dump();
+    EXPECT_GE(dev["launches"].get<int>(), 18) << report.dump();
+    EXPECT_GT(dev["bytes"]["prefetched_to_gpu"].get<std::uint64_t>(), 0u) << report.dump();
+  }
+  EXPECT_EQ(report["bytes"]["budget"], 64u << 20) << "the totals are the sums: " << report.dump();
+  EXPECT_EQ(report["launches_other_device"], 0) << report.dump();
+  nlohmann::json stats = nlohmann::json::parse(read_file(dir + "/stats.json"));
+  ASSERT_EQ(stats["devices"].size(), 2u) << stats.dump();
+  for (int d = 0; d < 2; ++d) EXPECT_GE(stats["devices"][d]["launches"].get<int>(), 18) << stats.dump();
+}
+
+// A freed range is reused only once the work of every device that may use it is done: the
+// fence records on each context the program used, not only on the current one.
+TEST(MultiDevice, AFreedRangeWaitsForEveryDevicesWork) {
+  RunResult r = run({kPrograms + "/multi_device", "fence"}, fake_env({{"FAKECUDA_DEVICES", "2"}, {"FAKECUDA_ASYNC", "1"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(r.err, "");
+  // (In the fake, synchronizing device 0 completes the work its streams wait for: the fence's
+  // wait on device 1's event makes device 1's kernel complete first.)
+  EXPECT_EQ(field(r.out, "reused"), "1") << "the fence completes once the work it covers is done\n" << describe(r);
+  EXPECT_EQ(field(r.out, "device1_done"), "1") << "reused while device 1 may still write it\n" << describe(r);
+}
+
+// Two torchrun workers on a two-GPU machine, each selecting its GPU as torchrun's do.
+class TwoRanks : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TwoRanks, EachPlansItsOwnDeviceAndWritesItsOwnFiles) {
+  const std::string dir = temp_dir(), how = GetParam();
+  auto worker = [&](int rank) {
+    Env env = fake_env({{"FAKECUDA_DEVICES", "2"},
+                        {"FAKECUDA_GPU_MEMORY", "33554432"},
+                        {"FAKECUDA_STATS", dir + "/fake-" + std::to_string(rank) + ".json"},
+                        {"RANK", std::to_string(rank)},
+                        {"LOCAL_RANK", std::to_string(rank)},
+                        {"SPILLWAY_BUDGET", "24MiB"},
+                        {"SPILLWAY_REPORT", dir + "/report-%r.json"},
+                        {"SPILLWAY_TRACE", dir + "/trace-%r.jsonl"}});
+    if (how == "visible_devices") env["CUDA_VISIBLE_DEVICES"] = std::to_string(rank);
+    return run({kPrograms + "/multi_device", "rank"}, env);
+  };
+  auto first = std::async(std::launch::async, worker, 0);
+  RunResult second = worker(1);
+  RunResult results[2] = {first.get(), second};
+  for (int rank = 0; rank < 2; ++rank) {
+    const RunResult& r = results[rank];
+    ASSERT_EQ(r.status, 0) << describe(r);
+    EXPECT_EQ(r.err, "");
+    const int device = how == "visible_devices" ? 0 : rank;  // the ordinal the worker sees
+    EXPECT_EQ(field(r.out, "device"), std::to_string(device)) << describe(r);
+    nlohmann::json report = nlohmann::json::parse(read_file(dir + "/report-" + std::to_string(rank) + ".json"));
+    ASSERT_EQ(report["devices"].size(), 1u) << report.dump();
+    EXPECT_EQ(report["devices"][0]["device"], device) << report.dump();
+    EXPECT_GE(report["devices"][0]["launches"].get<int>(), 18) << report.dump();
+    EXPECT_GT(report["devices"][0]["bytes"]["prefetched_to_gpu"].get<std::uint64_t>(), 0u) << report.dump();
+    EXPECT_EQ(read_trace(dir + "/trace-" + std::to_string(rank) + ".jsonl").kernels().size(), 18u);
+    // The fake names the physical GPU each worker's launches ran on.
+    nlohmann::json fake = nlohmann::json::parse(read_file(dir + "/fake-" + std::to_string(rank) + ".json"));
+    int busy = -1;
+    for (const auto& d : fake["devices"]) {
+      if (d["launches"].get<int>() > 0) busy = d["physical"].get<int>();
+    }
+    EXPECT_EQ(busy, rank) << fake.dump();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Select, TwoRanks, ::testing::Values("local_rank", "visible_devices"));
 
 TEST(Launch, MultiThreadedLaunchesStayCorrect) {
   std::string dir = temp_dir();

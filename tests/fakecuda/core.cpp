@@ -1,4 +1,4 @@
-// fakecuda core: configuration, call log, failure injection, allocation registry,
+// fakecuda core: configuration, call log, failure injection, devices, allocation registry,
 // contexts, streams/events and modules of the fake CUDA driver. Semantics follow the CUDA
 // 13.0 driver API reference (cuda.h); memory lives in host RAM (mmap per allocation).
 #include "core.h"
@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -59,13 +60,52 @@ bool parse_fail(const char* s, std::vector<FailRule>* out) {
   return true;
 }
 
+// CUDA_VISIBLE_DEVICES as the driver reads it (CUDA C++ Programming Guide, "CUDA Environment
+// Variables"): comma-separated device indices, renumbered 0.. in the list's order; the list
+// ends at the first entry that is not a valid index (not a number, out of range, or named
+// before), so "1,x,0" is device 1 alone and "-1" hides every device. Empty: no device.
+// (GPU-/MIG- UUID entries are not faked: they end the list too.)
+std::vector<int> parse_visible(const char* s, int devices) {
+  std::vector<int> out;
+  std::string all(s);
+  for (size_t pos = 0; pos < all.size();) {
+    size_t comma = all.find(',', pos);
+    std::string item = all.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    item = b == std::string::npos ? std::string() : item.substr(b, e - b + 1);
+    uint64_t n = 0;
+    if (!parse_u64(item.c_str(), &n) || n >= static_cast<uint64_t>(devices)) break;
+    int d = static_cast<int>(n);
+    if (std::find(out.begin(), out.end(), d) != out.end()) break;
+    out.push_back(d);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
 Config g_config;
 std::once_flag g_config_once;
+// The visible device count, for live_context(), which runs under stream_mutex and so must not
+// be the call that loads the configuration (whose reload takes that lock).
+std::atomic<int> g_visible_count{0};
+void contexts_reset(const Config& cfg);
 std::mutex g_fail_mutex;
 std::map<std::string, uint64_t> g_call_counts;  // only names named in FAKECUDA_FAIL
 
 void load_config() {
   Config c;
+  if (const char* v = std::getenv("FAKECUDA_DEVICES")) {
+    uint64_t n = 0;
+    if (parse_u64(v, &n) && n >= 1 && n <= kMaxDevices) c.devices = static_cast<int>(n);
+    else bad_value("FAKECUDA_DEVICES", v, "1");
+  }
+  c.visible.clear();
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    c.visible = parse_visible(v, c.devices);
+  } else {
+    for (int d = 0; d < c.devices; ++d) c.visible.push_back(d);
+  }
   if (const char* v = std::getenv("FAKECUDA_TOTAL_MEMORY")) {
     uint64_t n = 0;
     if (parse_u64(v, &n) && n > 0) c.total_memory = n;
@@ -99,6 +139,8 @@ void load_config() {
   g_config = std::move(c);
   if (old_fd >= 0) ::close(old_fd);
   residency_reset(g_config);
+  g_visible_count = static_cast<int>(g_config.visible.size());
+  contexts_reset(g_config);
   std::lock_guard lock(g_fail_mutex);
   g_call_counts.clear();
 }
@@ -142,6 +184,10 @@ void reload_config() {
 bool initialized() { return g_initialized.load(); }
 void set_initialized() { g_initialized = true; }
 
+int device_count() { return static_cast<int>(config().visible.size()); }
+bool valid_device(int device) { return device >= 0 && device < device_count(); }
+int physical_ordinal(int device) { return valid_device(device) ? config().visible[device] : -1; }
+
 // ---- Call ---------------------------------------------------------------------------------
 Call::Call(const char* symbol, const char* base, unsigned flags)
     : symbol_(symbol), base_(base), flags_(flags), line_(symbol) {}
@@ -184,7 +230,7 @@ CUresult Call::check() {
     str("injected", "1");
     return r;
   }
-  if ((flags_ & kCtx) && !current_context()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (flags_ & kCtx) return check_current();
   return CUDA_SUCCESS;
 }
 
@@ -205,7 +251,7 @@ CUresult Call::finish(CUresult r) {
 namespace {
 std::mutex g_alloc_mutex;
 std::map<uintptr_t, Alloc> g_allocs;  // by base
-uint64_t g_device_bytes = 0;
+uint64_t g_device_bytes[kMaxDevices] = {};  // live device bytes, per visible ordinal
 uint64_t g_next_id = 1;
 }  // namespace
 
@@ -221,26 +267,33 @@ const char* kind_name(Kind k) {
 
 static bool counts_as_device(Kind k) { return k == Kind::Device; }
 
-bool reserve_device_bytes(size_t n) {
+// Each device has its own FAKECUDA_TOTAL_MEMORY. The counts live past a reload (the
+// allocations do), indexed by the visible ordinal the memory was made on.
+bool reserve_device_bytes(int device, size_t n) {
+  uint64_t total = config().total_memory;
+  if (device < 0 || device >= kMaxDevices) return false;
   std::lock_guard lock(g_alloc_mutex);
-  if (n > config().total_memory - g_device_bytes) return false;
-  g_device_bytes += n;
+  uint64_t& used = g_device_bytes[device];
+  if (used > total || n > total - used) return false;
+  used += n;
   return true;
 }
 
-void release_device_bytes(size_t n) {
+void release_device_bytes(int device, size_t n) {
+  if (device < 0 || device >= kMaxDevices) return;
   std::lock_guard lock(g_alloc_mutex);
-  g_device_bytes -= n;
+  g_device_bytes[device] -= n;
 }
 
-uint64_t device_bytes_used() {
+uint64_t device_bytes_used(int device) {
+  if (device < 0 || device >= kMaxDevices) return 0;
   std::lock_guard lock(g_alloc_mutex);
-  return g_device_bytes;
+  return g_device_bytes[device];
 }
 
-CUresult alloc(Kind kind, size_t size, CUdeviceptr* out, CUmemoryPool pool) {
+CUresult alloc(Kind kind, size_t size, CUdeviceptr* out, int device, CUcontext ctx, CUmemoryPool pool) {
   if (size == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (counts_as_device(kind) && !reserve_device_bytes(size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (counts_as_device(kind) && !reserve_device_bytes(device, size)) return CUDA_ERROR_OUT_OF_MEMORY;
   size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   size_t len = (size + page - 1) / page * page;
   // With the residency model, managed memory starts on a chunk (2 MiB) boundary, as the
@@ -252,7 +305,7 @@ CUresult alloc(Kind kind, size_t size, CUdeviceptr* out, CUmemoryPool pool) {
                 : ::mmap(nullptr, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                          -1, 0);
   if (m == MAP_FAILED) {
-    if (counts_as_device(kind)) release_device_bytes(size);
+    if (counts_as_device(kind)) release_device_bytes(device, size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   if (extra) {
@@ -268,6 +321,8 @@ CUresult alloc(Kind kind, size_t size, CUdeviceptr* out, CUmemoryPool pool) {
   a.map = m;
   a.map_len = len;
   a.pool = pool;
+  a.device = device;
+  a.ctx = ctx;
   {
     std::lock_guard lock(g_alloc_mutex);
     a.id = g_next_id++;
@@ -286,11 +341,21 @@ CUresult release(uintptr_t base, bool (*accept)(Kind)) {
     if (it == g_allocs.end() || !accept(it->second.kind)) return CUDA_ERROR_INVALID_VALUE;
     a = it->second;
     g_allocs.erase(it);
-    if (counts_as_device(a.kind)) g_device_bytes -= a.size;
+    if (counts_as_device(a.kind) && a.device >= 0 && a.device < kMaxDevices) g_device_bytes[a.device] -= a.size;
   }
   if (a.kind == Kind::Managed) residency_free(a.base, a.size);
   if (a.map) ::munmap(a.map, a.map_len);
   return CUDA_SUCCESS;
+}
+
+void release_context_allocations(CUcontext ctx) {
+  std::vector<uintptr_t> bases;
+  {
+    std::lock_guard lock(g_alloc_mutex);
+    for (const auto& [base, a] : g_allocs)
+      if (a.ctx == ctx && a.kind != Kind::Vmm && a.pool == nullptr) bases.push_back(base);
+  }
+  for (uintptr_t b : bases) release(b, [](Kind) { return true; });
 }
 
 bool managed_overlaps(uintptr_t lo, uintptr_t hi) {
@@ -320,12 +385,14 @@ bool covers(uintptr_t p, size_t n, bool (*accept)(Kind), Alloc* out) {
   return true;
 }
 
-void add_vmm_mapping(uintptr_t base, size_t size) {
+void add_vmm_mapping(uintptr_t base, size_t size, int device, CUcontext ctx) {
   std::lock_guard lock(g_alloc_mutex);
   Alloc a;
   a.base = base;
   a.size = size;
   a.kind = Kind::Vmm;
+  a.device = device;
+  a.ctx = ctx;
   a.id = g_next_id++;
   g_allocs[base] = a;
 }
@@ -338,15 +405,171 @@ bool remove_vmm_mapping(uintptr_t base) {
   return true;
 }
 
-// ---- contexts ------------------------------------------------------------------------------
+// ---- contexts, streams and events -----------------------------------------------------------
 namespace {
-int g_primary_storage;
+std::mutex g_stream_mutex;
+// One primary context per device, at a fixed address (CUcontext handles that stay valid over
+// a reload); never destroyed: calls may run on other threads while exit() runs destructors.
+Context* primaries() {
+  static Context* p = [] {
+    auto* a = new Context[kMaxDevices];
+    for (int d = 0; d < kMaxDevices; ++d) {
+      a[d].device = d;
+      a[d].primary = true;
+      a[d].legacy.ctx = &a[d];
+    }
+    return a;
+  }();
+  return p;
+}
+std::set<Context*> g_created;  // cuCtxCreate's, not yet destroyed
+std::set<Stream*> g_streams;   // cuStreamCreate's
+std::set<Event*> g_events;
 thread_local std::vector<CUcontext> t_ctx_stack;
 thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+bool any_kind(Kind) { return true; }
+
+void run_one(Stream* s);
+
+void run_op(const Stream::Op& op) {
+  // (A wait: the other stream's work up to the event first; waits form no cycle, as each
+  // names work queued before it.)
+  while (op.wait_stream != nullptr && op.wait_stream->completed < op.wait_upto && !op.wait_stream->pending.empty()) {
+    run_one(op.wait_stream);
+  }
+  if (op.event) op.event->complete = true;
+  if (op.free_base) release(op.free_base, any_kind);
+}
+
+void run_one(Stream* s) {
+  Stream::Op op = s->pending.front();
+  s->pending.pop_front();
+  run_op(op);
+  ++s->completed;
+}
+
+
+template <class F>
+void for_each_stream(F&& f) {
+  for (int d = 0; d < kMaxDevices; ++d) f(&primaries()[d].legacy);
+  for (Context* c : g_created) f(&c->legacy);
+  for (Stream* s : g_streams) f(s);
+}
+
+// `gone` is being destroyed (its work has completed): waits on it are satisfied.
+void forget_waits_on(Stream* gone) {
+  for_each_stream([&](Stream* st) {
+    for (Stream::Op& op : st->pending)
+      if (op.wait_stream == gone) op.wait_stream = nullptr;
+  });
+}
+
+// What goes with a context: the work queued on its streams completes, then its streams and
+// events are destroyed (cuCtxDestroy: "Destroys and cleans up all resources associated with
+// the context", CUDA Driver API, Context Management).
+void drop_context_objects(Context* ctx) {
+  complete_context(ctx);
+  for (auto it = g_streams.begin(); it != g_streams.end();) {
+    Stream* st = *it;
+    if (st->ctx != ctx) {
+      ++it;
+      continue;
+    }
+    it = g_streams.erase(it);
+    for (Event* e : g_events)
+      if (e->stream == st) e->stream = nullptr;
+    forget_waits_on(st);
+    delete st;
+  }
+  for (Event* e : g_events)
+    if (e->stream == &ctx->legacy) e->stream = nullptr;
+  for (auto it = g_events.begin(); it != g_events.end();) {
+    Event* ev = *it;
+    if (ev->ctx != ctx) {
+      ++it;
+      continue;
+    }
+    it = g_events.erase(it);
+    for_each_stream([&](Stream* st) {
+      for (auto& op : st->pending)
+        if (op.event == ev) op.event = nullptr;
+    });
+    delete ev;
+  }
+}
+
+// (Config reload.) Contexts made by cuCtxCreate are destroyed, primary contexts lose their
+// retains and flags, and those of devices no longer visible lose their streams and events.
+// Must not call config(): it runs inside the configuration's first load.
+void contexts_reset(const Config& cfg) {
+  std::lock_guard lock(g_stream_mutex);
+  while (!g_created.empty()) destroy_context(reinterpret_cast<CUcontext>(*g_created.begin()));
+  for (int d = 0; d < kMaxDevices; ++d) {
+    Context& p = primaries()[d];
+    if (d >= static_cast<int>(cfg.visible.size())) drop_context_objects(&p);
+    p.refcount = 0;
+    p.flags = 0;
+  }
+}
 }  // namespace
 
-CUcontext primary_context() { return reinterpret_cast<CUcontext>(&g_primary_storage); }
+std::mutex& stream_mutex() { return g_stream_mutex; }
+
+CUcontext primary_context(int device) {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  return reinterpret_cast<CUcontext>(&primaries()[device]);
+}
+
+Context* live_context(CUcontext h) {
+  if (!h) return nullptr;
+  auto* c = reinterpret_cast<Context*>(h);
+  for (int d = 0, n = g_visible_count.load(); d < n; ++d)
+    if (c == &primaries()[d]) return c;
+  return g_created.count(c) ? c : nullptr;
+}
+
 CUcontext current_context() { return t_ctx_stack.empty() ? nullptr : t_ctx_stack.back(); }
+Context* current() { return live_context(current_context()); }
+
+// A context destroyed while current to this thread stays current, and using it is
+// CUDA_ERROR_CONTEXT_IS_DESTROYED (cuCtxDestroy, CUDA Driver API, Context Management).
+CUresult check_current() {
+  CUcontext top = current_context();
+  if (!top) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard lock(g_stream_mutex);
+  return live_context(top) ? CUDA_SUCCESS : CUDA_ERROR_CONTEXT_IS_DESTROYED;
+}
+
+int current_device() {
+  std::lock_guard lock(g_stream_mutex);
+  Context* c = current();
+  return c ? c->device : -1;
+}
+
+Context* create_context(int device, unsigned flags) {
+  auto* c = new Context;
+  c->device = device;
+  c->flags = flags;
+  c->legacy.ctx = c;
+  g_created.insert(c);
+  return c;
+}
+
+// Frees the allocations made in it, except pool and VMM memory ("cuCtxDestroy() will not
+// destroy memory allocations by cuMemCreate(), cuMemAllocAsync() and
+// cuMemAllocFromPoolAsync()"), and pops it if it is current to the calling thread.
+bool destroy_context(CUcontext h) {
+  auto* c = reinterpret_cast<Context*>(h);
+  if (!g_created.count(c)) return false;
+  drop_context_objects(c);
+  g_created.erase(c);
+  release_context_allocations(h);
+  if (!t_ctx_stack.empty() && t_ctx_stack.back() == h) t_ctx_stack.pop_back();
+  delete c;
+  return true;
+}
+
 void set_current_context(CUcontext ctx) {
   if (!ctx) {
     if (!t_ctx_stack.empty()) t_ctx_stack.pop_back();
@@ -363,39 +586,22 @@ bool pop_context(CUcontext* out) {
   t_ctx_stack.pop_back();
   return true;
 }
-int& primary_refcount() {
-  static int refs = 0;
-  return refs;
-}
 CUstreamCaptureMode& thread_capture_mode() { return t_capture_mode; }
-
-// ---- streams and events ------------------------------------------------------------------
-namespace {
-std::mutex g_stream_mutex;
-Stream g_default_stream;
-std::set<Stream*> g_streams;
-std::set<Event*> g_events;
-
-bool any_kind(Kind) { return true; }
-
-void run_op(const Stream::Op& op) {
-  if (op.event) op.event->complete = true;
-  if (op.free_base) release(op.free_base, any_kind);
-}
-}  // namespace
-
-std::mutex& stream_mutex() { return g_stream_mutex; }
 
 bool is_default_stream(CUstream s) {
   return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
 }
 Stream* lookup_stream(CUstream s) {
-  if (is_default_stream(s)) return &g_default_stream;
+  if (is_default_stream(s)) {
+    Context* c = current();
+    return c ? &c->legacy : nullptr;
+  }
   auto* st = reinterpret_cast<Stream*>(s);
   return g_streams.count(st) ? st : nullptr;
 }
-Stream* new_stream() {
+Stream* new_stream(Context* ctx) {
   auto* s = new Stream;
+  s->ctx = ctx;
   g_streams.insert(s);
   return s;
 }
@@ -405,6 +611,7 @@ bool delete_stream(CUstream s) {
   complete(st);  // outstanding work still finishes
   for (Event* e : g_events)
     if (e->stream == st) e->stream = nullptr;
+  forget_waits_on(st);
   delete st;
   return true;
 }
@@ -412,37 +619,49 @@ Event* lookup_event(CUevent e) {
   auto* ev = reinterpret_cast<Event*>(e);
   return g_events.count(ev) ? ev : nullptr;
 }
-Event* new_event() {
+Event* new_event(Context* ctx) {
   auto* e = new Event;
+  e->ctx = ctx;
   g_events.insert(e);
   return e;
 }
 bool delete_event(CUevent e) {
   auto* ev = reinterpret_cast<Event*>(e);
   if (!g_events.erase(ev)) return false;
-  for (Stream* s : g_streams)
+  for_each_stream([&](Stream* s) {
     for (auto& op : s->pending)
       if (op.event == ev) op.event = nullptr;
-  for (auto& op : g_default_stream.pending)
-    if (op.event == ev) op.event = nullptr;
+  });
   delete ev;
   return true;
 }
 void enqueue(Stream* s, Stream::Op op) {
-  if (config().async) s->pending.push_back(op);
-  else run_op(op);
+  if (!config().async) {
+    run_op(op);
+    return;
+  }
+  s->pending.push_back(op);
+  ++s->enqueued;
+  if (op.event != nullptr) op.event->ticket = s->enqueued;
+}
+void enqueue_wait(Stream* s, Event* e) {
+  if (!config().async || e->complete || e->stream == nullptr || e->stream == s) return;  // (in order on its own stream)
+  Stream::Op op;
+  op.wait_stream = e->stream;
+  op.wait_upto = e->ticket;
+  enqueue(s, op);
 }
 void complete(Stream* s, Event* upto) {
   while (!s->pending.empty()) {
-    Stream::Op op = s->pending.front();
-    s->pending.pop_front();
-    run_op(op);
-    if (upto && op.event == upto) break;
+    const bool last = upto != nullptr && s->pending.front().event == upto;
+    run_one(s);
+    if (last) break;
   }
 }
-void complete_all() {
-  complete(&g_default_stream);
-  for (Stream* s : g_streams) complete(s);
+void complete_context(Context* ctx) {
+  complete(&ctx->legacy);
+  for (Stream* s : g_streams)
+    if (s->ctx == ctx) complete(s);
 }
 bool any_pending(Stream* s) { return !s->pending.empty(); }
 
@@ -532,22 +751,24 @@ namespace {
 struct Handle {
   const char* kind;
   uint64_t value;
+  uint64_t aux;
 };
 std::mutex g_handle_mutex;
 std::map<const void*, Handle*> g_handles;
 }  // namespace
 
-void* new_handle(const char* kind, uint64_t value) {
-  auto* h = new Handle{kind, value};
+void* new_handle(const char* kind, uint64_t value, uint64_t aux) {
+  auto* h = new Handle{kind, value, aux};
   std::lock_guard lock(g_handle_mutex);
   g_handles[h] = h;
   return h;
 }
-bool handle_is(const void* h, const char* kind, uint64_t* value) {
+bool handle_is(const void* h, const char* kind, uint64_t* value, uint64_t* aux) {
   std::lock_guard lock(g_handle_mutex);
   auto it = g_handles.find(h);
   if (it == g_handles.end() || std::strcmp(it->second->kind, kind) != 0) return false;
   if (value) *value = it->second->value;
+  if (aux) *aux = it->second->aux;
   return true;
 }
 bool delete_handle(const void* h, const char* kind) {

@@ -2,8 +2,8 @@
 // Spillway's fault feedback uses (interpose/cupti_feedback.h), driven by the fake driver's
 // residency model (residency.cpp, through fakecuda_set_activity_sink). It emits the records
 // the real CUPTI would, in the layouts of cupti_activity.h (CUDA 13.0):
-//   * CONCURRENT_KERNEL (CUpti_ActivityKernel10: start, end, deviceId 0, correlationId) for
-//     each launch that executes with the model on;
+//   * CONCURRENT_KERNEL (CUpti_ActivityKernel10: start, end, deviceId — the launching
+//     device's ordinal —, correlationId) for each launch that executes with the model on;
 //   * for such a launch, while the launching thread has an id pushed
 //     (cuptiActivityPushExternalCorrelationId) and API records of the launch call are on (the
 //     DRIVER or RUNTIME kind, or cuptiActivityEnableDriverApi/RuntimeApi with a launch
@@ -11,8 +11,11 @@
 //     (CUpti_ActivityAPI), as CUPTI writes them (only before an API record);
 //   * UNIFIED_MEMORY_COUNTER (CUpti_ActivityUnifiedMemoryCounter3): GPU_PAGE_FAULT at the
 //     chunk's base for each chunk a launch faulted on or first-touched, timed inside its
-//     kernel's [start, end]; BYTES_TRANSFER_HTOD / _DTOH for faults, prefetches and evictions
-//     (each only when its counter was configured and the kind enabled).
+//     kernel's [start, end], srcId the faulting device; BYTES_TRANSFER_HTOD / _DTOH / _DTOD
+//     at the chunk's base for faults, prefetches and evictions, srcId and dstId the devices
+//     involved (the CPU's id is 0, as in a single-socket host), each only when its counter
+//     was configured and the kind enabled. The counters' scope and deviceId are not honoured:
+//     every device's records come.
 // Time is a counter (one tick per event), so kernels of concurrent threads may overlap, as
 // on a GPU. Records are delivered when the program calls cuptiActivityFlushAll (no periodic
 // flush: cuptiActivityFlushPeriod is not exported, as in CUPTI before 11.1), in buffers from
@@ -61,7 +64,10 @@ void append(const R& r) {
   std::memcpy(g_pending.data() + at, &r, sizeof(R));
 }
 
-void um_record(CUpti_ActivityUnifiedMemoryCounterKind kind, std::uint64_t value, std::uint64_t addr) {
+// srcId/dstId: "The ID of the source [destination] CPU/device involved in the memory
+// transfer, page fault, ..." (cupti_activity.h, CUpti_ActivityUnifiedMemoryCounter3).
+void um_record(CUpti_ActivityUnifiedMemoryCounterKind kind, std::uint64_t value, std::uint64_t addr, std::uint32_t src,
+               std::uint32_t dst) {
   if (!g_enabled[CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER] || !g_counter[kind]) return;
   CUpti_ActivityUnifiedMemoryCounter3 u{};
   u.kind = CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER;
@@ -70,12 +76,15 @@ void um_record(CUpti_ActivityUnifiedMemoryCounterKind kind, std::uint64_t value,
   u.start = ++g_tick;
   u.end = u.start;
   u.address = addr;
-  u.srcId = 0;
+  u.srcId = src;
+  u.dstId = dst;
   append(u);
 }
 
+std::uint32_t id_of(int device) { return device < 0 ? 0u : static_cast<std::uint32_t>(device); }  // the CPU: 0
+
 // The residency model's events (called with its lock held, on the launching thread).
-void on_kernel_begin() {
+void on_kernel_begin(int) {
   std::lock_guard lock(g_mutex);
   g_kernel_start = ++g_tick;
   g_kernel_correlation = ++g_correlation;
@@ -98,27 +107,28 @@ void on_kernel_begin() {
   api.correlationId = g_kernel_correlation;
   append(api);
 }
-void on_fault(std::uint64_t addr, std::uint64_t migrated) {
+void on_fault(int device, std::uint64_t addr) {
   std::lock_guard lock(g_mutex);
-  um_record(CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT, 1, addr);
-  if (migrated > 0) um_record(CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD, migrated, addr);
+  um_record(CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT, 1, addr, id_of(device), 0);
 }
-void on_kernel_end() {
+void on_kernel_end(int device) {
   std::lock_guard lock(g_mutex);
   if (!g_enabled[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL] && !g_enabled[CUPTI_ACTIVITY_KIND_KERNEL]) return;
   CUpti_ActivityKernel10 k{};
   k.kind = g_enabled[CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL] ? CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL : CUPTI_ACTIVITY_KIND_KERNEL;
   k.start = g_kernel_start;
   k.end = ++g_tick;
-  k.deviceId = 0;
+  k.deviceId = id_of(device);
   k.correlationId = g_kernel_correlation;
   append(k);
 }
-void on_migration(int to_gpu, std::uint64_t bytes) {
+void on_migration(int src, int dst, std::uint64_t addr, std::uint64_t bytes) {
   std::lock_guard lock(g_mutex);
-  um_record(to_gpu ? CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD
-                   : CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH,
-            bytes, 0);
+  const CUpti_ActivityUnifiedMemoryCounterKind kind =
+      src < 0   ? CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD
+      : dst < 0 ? CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH
+                : CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD;
+  um_record(kind, bytes, addr, id_of(src), id_of(dst));
 }
 const fakecuda_activity_sink_t kSink{on_kernel_begin, on_fault, on_kernel_end, on_migration};
 

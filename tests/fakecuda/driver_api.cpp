@@ -24,12 +24,18 @@ bool host_kind(Kind k) { return k == Kind::Host; }
 
 uintptr_t addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-CUresult check_device(CUdevice dev) { return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; }
+CUresult check_device(CUdevice dev) { return valid_device(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE; }
 
 // Resolves a stream handle for a stream-ordered call; nullptr → invalid handle.
 Stream* stream_of(CUstream s) {
   std::lock_guard lock(stream_mutex());
   return lookup_stream(s);
+}
+
+// The device of a stream's context (a stream lives as long as its context).
+int stream_device(Stream* s) {
+  std::lock_guard lock(stream_mutex());
+  return s->ctx->device;
 }
 
 bool capturing(Stream* s) {
@@ -46,32 +52,54 @@ bool submit(Stream* s, Stream::Op op = {}) {
 }
 
 // ---- allocation helpers ----------------------------------------------------------------
-CUresult alloc_call(Call& c, CUdeviceptr* dptr, size_t size, Kind kind, CUmemoryPool pool = nullptr) {
+// An allocation on `device` (-1: the current context's), made in the current context.
+CUresult alloc_call(Call& c, CUdeviceptr* dptr, size_t size, Kind kind, CUmemoryPool pool = nullptr, int device = -1) {
   if (!dptr) return CUDA_ERROR_INVALID_VALUE;
-  CUresult r = alloc(kind, size, dptr, pool);
+  if (device < 0) device = current_device();
+  if (device < 0) return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult r = alloc(kind, size, dptr, device, current_context(), pool);
   if (r == CUDA_SUCCESS) c.hex("dptr", *dptr);
   return r;
 }
 
-CUmemoryPool default_pool() {
-  static CUmemoryPool pool = static_cast<CUmemoryPool>(new_handle("pool", 0));
-  return pool;
+// A pool handle's values: managed (CUDA 13 managed pools) and the device it gives memory of.
+// Each device has its own default pool, whose memory is that device's ("The default memory
+// pool of a device contains device memory from that device", cuMemAllocAsync).
+CUmemoryPool default_pool(int device) {
+  static std::mutex mutex;
+  static CUmemoryPool pools[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  std::lock_guard lock(mutex);
+  if (!pools[device]) pools[device] = static_cast<CUmemoryPool>(new_handle("pool", 0, static_cast<uint64_t>(device)));
+  return pools[device];
 }
-bool pool_kind(CUmemoryPool pool, Kind* kind) {
-  uint64_t managed = 0;
-  if (!handle_is(pool, "pool", &managed)) return false;
+bool is_default_pool(CUmemoryPool pool) {
+  for (int d = 0; d < kMaxDevices; ++d)
+    if (pool == default_pool(d)) return true;
+  return false;
+}
+bool pool_kind(CUmemoryPool pool, Kind* kind, int* device) {
+  uint64_t managed = 0, dev = 0;
+  if (!handle_is(pool, "pool", &managed, &dev)) return false;
   *kind = managed ? Kind::Managed : Kind::Device;
+  *device = static_cast<int>(dev);
   return true;
 }
 
+// pool nullptr (cuMemAllocAsync): "the memory pool current to the stream's device", its
+// default pool (cuDeviceSetMemPool is not faked).
 CUresult alloc_async(Call& c, CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream) {
+  Stream* s = stream_of(stream);
+  if (!pool && s) pool = default_pool(stream_device(s));
   c.dec("bytesize", size).ptr("pool", pool).stream(stream);
   FC_CHECK(c);
   Kind kind;
-  if (!dptr || !pool_kind(pool, &kind)) return CUDA_ERROR_INVALID_VALUE;
-  Stream* s = stream_of(stream);
+  int device = 0;
+  if (!dptr || (pool && !pool_kind(pool, &kind, &device))) return CUDA_ERROR_INVALID_VALUE;
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
-  CUresult r = alloc_call(c, dptr, size, kind, pool);
+  if (!pool) return CUDA_ERROR_INVALID_VALUE;
+  // Managed pool memory is on no device: it gets the current one, as cuMemAllocManaged's.
+  CUresult r = alloc_call(c, dptr, size, kind, pool, kind == Kind::Managed ? -1 : device);
   if (r == CUDA_SUCCESS) submit(s);
   return r;
 }
@@ -89,7 +117,7 @@ CUresult free_async(Call& c, CUdeviceptr dptr, CUstream stream) {
 
 // ---- unified memory hints ----------------------------------------------------------------
 bool valid_location(CUmemLocation loc) {
-  return (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && loc.id == 0) ||
+  return (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_device(loc.id)) ||
          loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
          loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT;
 }
@@ -102,7 +130,7 @@ CUresult prefetch(Call& c, CUdeviceptr p, size_t n, CUmemLocation loc, unsigned 
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
   if (!covers(p, n, managed_kind)) return CUDA_ERROR_INVALID_VALUE;
   if (!valid_location(loc)) return CUDA_ERROR_INVALID_DEVICE;
-  if (submit(s)) residency_prefetch(p, n, loc.type == CU_MEM_LOCATION_TYPE_DEVICE);
+  if (submit(s)) residency_prefetch(p, n, loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? loc.id : -1, stream_device(s));
   return CUDA_SUCCESS;
 }
 
@@ -138,9 +166,10 @@ CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count,
     if (sizes[i] == 0 || !covers(dptrs[i], sizes[i], managed_kind)) return CUDA_ERROR_INVALID_VALUE;
   }
   if (!submit(s)) return CUDA_SUCCESS;  // captured: not run
+  int device = stream_device(s);
   for (size_t i = 0; i < count; ++i) {
     drop_pages(dptrs[i], sizes[i]);
-    residency_discard(dptrs[i], sizes[i]);
+    residency_discard(dptrs[i], sizes[i], device);
   }
   return CUDA_SUCCESS;
 }
@@ -164,7 +193,7 @@ CUresult advise(Call& c, CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLoca
     return CUDA_ERROR_INVALID_VALUE;
   bool needs_location = advice != CU_MEM_ADVISE_SET_READ_MOSTLY && advice != CU_MEM_ADVISE_UNSET_READ_MOSTLY;
   if (needs_location && !valid_location(loc)) return CUDA_ERROR_INVALID_DEVICE;
-  residency_advise(p, n, advice, loc.type == CU_MEM_LOCATION_TYPE_DEVICE);
+  residency_advise(p, n, advice, loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? loc.id : -1);
   return CUDA_SUCCESS;
 }
 
@@ -187,7 +216,7 @@ void* as_ptr(CUdeviceptr p) { return reinterpret_cast<void*>(p); }
 CUresult pointer_attribute(CUpointer_attribute attr, const Alloc* a, CUdeviceptr p, void* data) {
   auto put = [&](auto v) { std::memcpy(data, &v, sizeof v); };
   switch (attr) {
-    case CU_POINTER_ATTRIBUTE_CONTEXT: put(a ? primary_context() : CUcontext{}); break;
+    case CU_POINTER_ATTRIBUTE_CONTEXT: put(a ? a->ctx : CUcontext{}); break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
       put(static_cast<unsigned>(!a ? 0 : a->kind == Kind::Host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE));
       break;
@@ -198,7 +227,7 @@ CUresult pointer_attribute(CUpointer_attribute attr, const Alloc* a, CUdeviceptr
       break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID: put(static_cast<unsigned long long>(a ? a->id : 0)); break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED: put(static_cast<unsigned>(a && a->kind == Kind::Managed)); break;
-    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: put(a ? 0 : -2); break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: put(a ? a->device : -2); break;
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
       put(static_cast<unsigned>(a && a->kind == Kind::Device));
       break;
@@ -304,6 +333,16 @@ CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUst
   if (!valid_function(f)) return CUDA_ERROR_INVALID_HANDLE;
   Stream* s = stream_of(stream);
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  // "A kernel launch will fail if it is issued to a stream that is not associated to the
+  // current device" (CUDA C++ Programming Guide, Multi-Device System: Stream and Event
+  // Behavior): the launch runs on the current context's device.
+  int device = -1;
+  {
+    std::lock_guard lock(stream_mutex());
+    Context* cur = current();
+    if (!cur || s->ctx != cur) return CUDA_ERROR_INVALID_HANDLE;
+    device = cur->device;
+  }
   if (grid[0] * grid[1] * grid[2] == 0 || block[0] * block[1] * block[2] == 0) return CUDA_ERROR_INVALID_VALUE;
 
   // Collect the parameter bytes from kernelParams or from CU_LAUNCH_PARAM_BUFFER_POINTER.
@@ -353,7 +392,7 @@ CUresult launch(Call& c, CUfunction f, unsigned grid[3], unsigned block[3], CUst
     add_words(reinterpret_cast<uint32_t*>(dst), reinterpret_cast<const uint32_t*>(a), reinterpret_cast<const uint32_t*>(b),
               count);
   }
-  if (submit(s) && config().gpu_memory) residency_launch(touched_ranges(*fn, values, bytes));
+  if (submit(s) && config().gpu_memory) residency_launch(device, touched_ranges(*fn, values, bytes));
   return CUDA_SUCCESS;
 }
 
@@ -401,8 +440,16 @@ CUresult stream_wait_event(Call& c, CUstream stream, CUevent event, unsigned fla
   c.ptr("event", event).dec("flags", flags).stream(stream);
   FC_CHECK(c);
   std::lock_guard lock(stream_mutex());
-  if (!lookup_stream(stream) || !lookup_event(event)) return CUDA_ERROR_INVALID_HANDLE;
-  return CUDA_SUCCESS;  // the fake has one in-order device: nothing to wait for
+  Stream* s = lookup_stream(stream);
+  Event* e = lookup_event(event);
+  if (!s || !e) return CUDA_ERROR_INVALID_HANDLE;
+  // An event of another context or device is legal ("hEvent may be from a different
+  // context or device than hStream", cuStreamWaitEvent, CUDA Driver API, Stream Management).
+  // Data effects happen at call time; with FAKECUDA_ASYNC the stream's later work completes
+  // only after the event's (so a fence event after a wait is complete only once what it
+  // waited for is).
+  if (!s->capturing) enqueue_wait(s, e);
+  return CUDA_SUCCESS;
 }
 
 CUresult begin_capture(Call& c, CUstream stream, CUstreamCaptureMode mode) {
@@ -467,6 +514,9 @@ CUresult event_record(Call& c, CUevent event, CUstream stream) {
   Stream* s = lookup_stream(stream);
   Event* e = lookup_event(event);
   if (!s || !e) return CUDA_ERROR_INVALID_HANDLE;
+  // "hEvent and hStream must be from the same context otherwise CUDA_ERROR_INVALID_HANDLE
+  // is returned" (cuEventRecord, CUDA Driver API, Event Management).
+  if (e->ctx != s->ctx) return CUDA_ERROR_INVALID_HANDLE;
   if (s->capturing) return CUDA_SUCCESS;  // becomes a graph node; not run
   e->recorded = true;
   e->stream = s;
@@ -484,8 +534,39 @@ CUresult elapsed(Call& c, float* ms, CUevent start, CUevent end) {
   Event* a = lookup_event(start);
   Event* b = lookup_event(end);
   if (!a || !b || !a->timing || !b->timing || !a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+  // "cudaEventElapsedTime() will fail if the two input events are associated to different
+  // devices" (CUDA C++ Programming Guide, Multi-Device System: Stream and Event Behavior).
+  if (a->ctx->device != b->ctx->device) return CUDA_ERROR_INVALID_HANDLE;
   if (!a->complete || !b->complete) return CUDA_ERROR_NOT_READY;
   *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+  return CUDA_SUCCESS;
+}
+
+// The stream's context (cuStreamGetCtx): v2 also answers its green context (none here).
+CUresult stream_ctx(Call& c, CUstream stream, CUcontext* pctx, CUgreenCtx* green, bool v2) {
+  c.ptr("stream", stream);
+  FC_CHECK(c);
+  if (!pctx && !(v2 && green)) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(stream_mutex());
+  if (is_default_stream(stream) && !current()) return CUDA_ERROR_INVALID_CONTEXT;
+  Stream* s = lookup_stream(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (pctx) *pctx = reinterpret_cast<CUcontext>(s->ctx);
+  if (green) *green = nullptr;
+  c.ptr("ctx", s->ctx);
+  return CUDA_SUCCESS;
+}
+
+CUresult stream_dev(Call& c, CUstream stream, CUdevice* device) {
+  c.ptr("stream", stream);
+  FC_CHECK(c);
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(stream_mutex());
+  if (is_default_stream(stream) && !current()) return CUDA_ERROR_INVALID_CONTEXT;
+  Stream* s = lookup_stream(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  *device = s->ctx->device;
+  c.sdec("dev", *device);
   return CUDA_SUCCESS;
 }
 
@@ -528,6 +609,8 @@ constexpr ErrorText kErrors[] = {
     {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE", "primary context active"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
     {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
@@ -545,16 +628,70 @@ const ErrorText* error_text(CUresult r) {
   return nullptr;
 }
 
+// ---- devices and contexts -------------------------------------------------------------------
+// A device's identity follows its physical ordinal p (whatever CUDA_VISIBLE_DEVICES makes of
+// its visible one): PCI bus p ("0000:0p:00.0"), UUID fa4ecda0-0000-0000-0000-0000000000pp.
+int pci_bus(CUdevice dev) { return physical_ordinal(dev); }
+
+CUresult device_uuid(Call& c, CUuuid* uuid, CUdevice dev) {
+  c.sdec("dev", dev);
+  FC_CHECK(c);
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_device(dev)) return r;
+  const unsigned char prefix[4] = {0xfa, 0x4e, 0xcd, 0xa0};
+  std::memset(uuid->bytes, 0, sizeof uuid->bytes);
+  std::memcpy(uuid->bytes, prefix, sizeof prefix);
+  uuid->bytes[15] = static_cast<char>(physical_ordinal(dev));
+  return CUDA_SUCCESS;
+}
+Context& primary(CUdevice dev) { return *live_context(primary_context(dev)); }  // (stream_mutex; dev checked)
+
+// Flags are kept and reported (cuDevicePrimaryCtxGetState, cuCtxGetFlags is not faked); they
+// change nothing. The v1 ABI refuses while the context is active ("CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE
+// is returned if the primary context is active", CUDA 10.2 Driver API, Primary Context
+// Management); _v2 (CUDA 11) sets them at any time.
+CUresult primary_set_flags(Call& c, CUdevice dev, unsigned flags, bool v1) {
+  c.sdec("dev", dev).dec("flags", flags);
+  FC_CHECK(c);
+  if (CUresult r = check_device(dev)) return r;
+  if (flags & ~unsigned{CU_CTX_FLAGS_MASK}) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(stream_mutex());
+  Context& p = primary(dev);
+  if (v1 && p.refcount > 0) return CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE;
+  p.flags = flags;
+  return CUDA_SUCCESS;
+}
+// "Creates a new CUDA context and associates it with the calling thread ... If a context is
+// already current to the thread, it is supplanted by the newly created context and may be
+// restored by a subsequent call to cuCtxPopCurrent()" (cuCtxCreate, CUDA Driver API, Context
+// Management): pushed. Execution affinity and CIG parameters are accepted and ignored.
+CUresult create(Call& c, CUcontext* pctx, unsigned flags, CUdevice dev) {
+  c.dec("flags", flags).sdec("dev", dev);
+  FC_CHECK(c);
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (flags & ~unsigned{CU_CTX_FLAGS_MASK}) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_device(dev)) return r;
+  std::lock_guard lock(stream_mutex());
+  *pctx = reinterpret_cast<CUcontext>(create_context(dev, flags));
+  push_context(*pctx);
+  c.ptr("ctx", *pctx);
+  return CUDA_SUCCESS;
+}
 }  // namespace
 
 extern "C" {
 
 // ---- initialization, device ----------------------------------------------------------------
+// With no device visible (CUDA_VISIBLE_DEVICES empty or starting with an invalid entry)
+// cuInit fails with CUDA_ERROR_NO_DEVICE and the driver stays uninitialized, as the real one
+// (its cuDeviceGetCount then answers CUDA_ERROR_NOT_INITIALIZED). A process that already
+// initialized stays so over a reload: its cuDeviceGetCount answers 0.
 CUresult CUDAAPI cuInit(unsigned int flags) {
   return api("cuInit", "cuInit", kNoInit, [&](Call& c) {
     c.dec("flags", flags);
     FC_CHECK(c);
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (device_count() == 0) return CUDA_ERROR_NO_DEVICE;
     set_initialized();
     return CUDA_SUCCESS;
   });
@@ -569,13 +706,14 @@ CUresult CUDAAPI cuDriverGetVersion(int* version) {
   });
 }
 
+// A CUdevice is its visible ordinal.
 CUresult CUDAAPI cuDeviceGet(CUdevice* device, int ordinal) {
   return api("cuDeviceGet", "cuDeviceGet", kNone, [&](Call& c) {
     c.sdec("ordinal", ordinal);
     FC_CHECK(c);
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *device = 0;
+    if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
     return CUDA_SUCCESS;
   });
 }
@@ -584,7 +722,8 @@ CUresult CUDAAPI cuDeviceGetCount(int* count) {
   return api("cuDeviceGetCount", "cuDeviceGetCount", kNone, [&](Call& c) {
     FC_CHECK(c);
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    *count = 1;
+    *count = device_count();
+    c.sdec("count", *count);
     return CUDA_SUCCESS;
   });
 }
@@ -617,10 +756,57 @@ CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevi
       case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
       case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
       case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
-      default: *pi = 0; break;
+      case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = pci_bus(dev); break;
+      default: *pi = 0; break;  // (PCI domain and device ids: 0)
     }
     c.sdec("value", *pi);
     return CUDA_SUCCESS;
+  });
+}
+
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
+  return api("cuDeviceGetUuid", "cuDeviceGetUuid", kNone, [&](Call& c) { return device_uuid(c, uuid, dev); });
+}
+CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {  // (the MIG-aware one: no MIG here)
+  return api("cuDeviceGetUuid_v2", "cuDeviceGetUuid", kNone, [&](Call& c) { return device_uuid(c, uuid, dev); });
+}
+
+// "[domain]:[bus]:[device].[function]" in hex, as nvidia-smi prints it (cuDeviceGetPCIBusId:
+// "pciBusId - Returned identifier string for the device in the following format
+// [domain]:[bus]:[device].[function]", CUDA Driver API, Device Management).
+CUresult CUDAAPI cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
+  return api("cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId", kNone, [&](Call& c) {
+    c.sdec("len", len).sdec("dev", dev);
+    FC_CHECK(c);
+    if (!pciBusId || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_device(dev)) return r;
+    std::snprintf(pciBusId, static_cast<size_t>(len), "0000:%02x:00.0", static_cast<unsigned>(pci_bus(dev)));
+    c.str("id", pciBusId);
+    return CUDA_SUCCESS;
+  });
+}
+
+// Accepts the forms the reference names: "[domain]:[bus]:[device].[function]",
+// "[domain]:[bus]:[device]" and "[bus]:[device].[function]" (hex).
+CUresult CUDAAPI cuDeviceGetByPCIBusId(CUdevice* dev, const char* pciBusId) {
+  return api("cuDeviceGetByPCIBusId", "cuDeviceGetByPCIBusId", kNone, [&](Call& c) {
+    c.str("id", pciBusId);
+    FC_CHECK(c);
+    if (!dev || !pciBusId) return CUDA_ERROR_INVALID_VALUE;
+    unsigned domain = 0, bus = 0, device = 0, function = 0;
+    char tail = 0;
+    bool ok = std::sscanf(pciBusId, "%x:%x:%x.%x%c", &domain, &bus, &device, &function, &tail) == 4 ||
+              std::sscanf(pciBusId, "%x:%x:%x%c", &domain, &bus, &device, &tail) == 3 ||
+              (domain = 0, std::sscanf(pciBusId, "%x:%x.%x%c", &bus, &device, &function, &tail) == 3);
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    for (int d = 0; d < device_count(); ++d) {
+      if (domain == 0 && device == 0 && function == 0 && bus == static_cast<unsigned>(pci_bus(d))) {
+        *dev = d;
+        c.sdec("dev", d);
+        return CUDA_SUCCESS;
+      }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
   });
 }
 
@@ -630,12 +816,12 @@ CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
     FC_CHECK(c);
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_device(dev)) return r;
-    *bytes = config().total_memory;
+    *bytes = config().total_memory;  // each device has its own
     return CUDA_SUCCESS;
   });
 }
 
-// ---- contexts (one primary context) -------------------------------------------------------
+// ---- contexts: a primary context per device, and cuCtxCreate's ------------------------------
 CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   return api("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", kNone, [&](Call& c) {
     c.sdec("dev", dev);
@@ -643,8 +829,8 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_device(dev)) return r;
     std::lock_guard lock(stream_mutex());
-    ++primary_refcount();
-    *pctx = primary_context();
+    ++primary(dev).refcount;
+    *pctx = primary_context(dev);
     c.ptr("ctx", *pctx);
     return CUDA_SUCCESS;
   });
@@ -656,22 +842,60 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     FC_CHECK(c);
     if (CUresult r = check_device(dev)) return r;
     std::lock_guard lock(stream_mutex());
-    if (primary_refcount() == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    --primary_refcount();
+    Context& p = primary(dev);
+    if (p.refcount == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    --p.refcount;
     return CUDA_SUCCESS;
   });
 }
 
-// The fake has only the primary context, which cuCtxDestroy does not take.
+CUresult CUDAAPI cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned int flags) {
+  return api("cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags", kNone,
+             [&](Call& c) { return primary_set_flags(c, dev, flags, true); });
+}
+CUresult CUDAAPI cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+  return api("cuDevicePrimaryCtxSetFlags_v2", "cuDevicePrimaryCtxSetFlags", kNone,
+             [&](Call& c) { return primary_set_flags(c, dev, flags, false); });
+}
+
+// Created contexts are destroyed with their streams, events and the allocations made in them;
+// a primary context is not cuCtxDestroy's to destroy.
 CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx) {
   return api("cuCtxDestroy_v2", "cuCtxDestroy", kNone, [&](Call& c) {
     c.ptr("ctx", ctx);
     FC_CHECK(c);
-    return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lock(stream_mutex());
+    return destroy_context(ctx) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
   });
 }
 
-// Resets nothing: the fake keeps allocations and modules (left out, README).
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  return api("cuCtxCreate_v2", "cuCtxCreate", kNone, [&](Call& c) { return create(c, pctx, flags, dev); });
+}
+CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int count, unsigned int flags,
+                                CUdevice dev) {
+  return api("cuCtxCreate_v3", "cuCtxCreate", kNone, [&](Call& c) {
+    c.sdec("params", count);
+    if (count < 0 || (count > 0 && !params)) {
+      FC_CHECK(c);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return create(c, pctx, flags, dev);
+  });
+}
+CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags, CUdevice dev) {
+  return api("cuCtxCreate_v4", "cuCtxCreate", kNone, [&](Call& c) {
+    if (params && (params->numExecAffinityParams < 0 ||
+                   (params->numExecAffinityParams > 0 && !params->execAffinityParams))) {
+      FC_CHECK(c);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return create(c, pctx, flags, dev);
+  });
+}
+
+// Resets nothing: the fake keeps allocations, modules, retains and flags (left out, README).
 CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   return api("cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", kNone, [&](Call& c) {
     c.sdec("dev", dev);
@@ -687,8 +911,9 @@ CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, i
     if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_device(dev)) return r;
     std::lock_guard lock(stream_mutex());
-    *flags = 0;
-    *active = primary_refcount() > 0;
+    Context& p = primary(dev);
+    *flags = p.flags;
+    *active = p.refcount > 0;
     return CUDA_SUCCESS;
   });
 }
@@ -703,11 +928,13 @@ CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
   });
 }
 
+// Any context that exists may be made current (a primary one need not be retained).
 CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
   return api("cuCtxSetCurrent", "cuCtxSetCurrent", kNone, [&](Call& c) {
     c.ptr("ctx", ctx);
     FC_CHECK(c);
-    if (ctx && ctx != primary_context()) return CUDA_ERROR_INVALID_CONTEXT;
+    std::lock_guard lock(stream_mutex());
+    if (ctx && !live_context(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     set_current_context(ctx);
     return CUDA_SUCCESS;
   });
@@ -718,7 +945,8 @@ CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) {
     c.ptr("ctx", ctx);
     FC_CHECK(c);
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-    if (ctx != primary_context()) return CUDA_ERROR_INVALID_CONTEXT;
+    std::lock_guard lock(stream_mutex());
+    if (!live_context(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
     push_context(ctx);
     return CUDA_SUCCESS;
   });
@@ -739,16 +967,37 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
   return api("cuCtxGetDevice", "cuCtxGetDevice", kCtx, [&](Call& c) {
     FC_CHECK(c);
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    *device = 0;
+    int d = current_device();
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = d;
+    c.sdec("dev", d);
     return CUDA_SUCCESS;
   });
 }
 
+// CUDA 13.0: "If the specified context is NULL, the API will return the current context's
+// device" (cuCtxGetDevice_v2, CUDA Driver API, Context Management).
+CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice* device, CUcontext ctx) {
+  return api("cuCtxGetDevice_v2", "cuCtxGetDevice", ctx ? kNone : kCtx, [&](Call& c) {
+    c.ptr("ctx", ctx);
+    FC_CHECK(c);
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lock(stream_mutex());
+    Context* x = ctx ? live_context(ctx) : current();
+    if (!x) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = x->device;
+    c.sdec("dev", x->device);
+    return CUDA_SUCCESS;
+  });
+}
+
+// "Blocks until the current context has completed all preceding requested tasks"
+// (cuCtxSynchronize): the current context's streams only.
 CUresult CUDAAPI cuCtxSynchronize(void) {
   return api("cuCtxSynchronize", "cuCtxSynchronize", kCtx, [&](Call& c) {
     FC_CHECK(c);
     std::lock_guard lock(stream_mutex());
-    complete_all();
+    if (Context* cur = current()) complete_context(cur);
     return CUDA_SUCCESS;
   });
 }
@@ -803,11 +1052,11 @@ CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned 
 
 CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
   return api("cuMemAllocAsync", "cuMemAllocAsync", kCtx | kAlloc,
-             [&](Call& c) { return alloc_async(c, dptr, bytesize, default_pool(), stream); });
+             [&](Call& c) { return alloc_async(c, dptr, bytesize, nullptr, stream); });
 }
 CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
   return api("cuMemAllocAsync_ptsz", "cuMemAllocAsync", kCtx | kAlloc,
-             [&](Call& c) { return alloc_async(c, dptr, bytesize, default_pool(), stream); });
+             [&](Call& c) { return alloc_async(c, dptr, bytesize, nullptr, stream); });
 }
 CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
   return api("cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", kCtx | kAlloc,
@@ -825,7 +1074,7 @@ CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
     FC_CHECK(c);
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_device(dev)) return r;
-    *pool = default_pool();
+    *pool = default_pool(dev);
     c.ptr("pool", *pool);
     return CUDA_SUCCESS;
   });
@@ -837,21 +1086,28 @@ CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
     FC_CHECK(c);
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_device(dev)) return r;
-    *pool = default_pool();  // cuDeviceSetMemPool is not faked
+    *pool = default_pool(dev);  // cuDeviceSetMemPool is not faked
     c.ptr("pool", *pool);
     return CUDA_SUCCESS;
   });
 }
 
-// CU_MEM_ALLOCATION_TYPE_MANAGED pools (CUDA 13) hand out managed memory.
+// CU_MEM_ALLOCATION_TYPE_MANAGED pools (CUDA 13) hand out managed memory. A pool's device
+// memory is on its location's device (props->location.id for a device location; another
+// location gets the current context's device, or 0).
 CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* props) {
   return api("cuMemPoolCreate", "cuMemPoolCreate", kNone, [&](Call& c) {
     FC_CHECK(c);
     if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
-    c.sdec("alloc_type", props->allocType);
+    c.sdec("alloc_type", props->allocType).sdec("loc_type", props->location.type).sdec("loc_id", props->location.id);
     bool managed = props->allocType == CU_MEM_ALLOCATION_TYPE_MANAGED;
     if (!managed && props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-    *pool = static_cast<CUmemoryPool>(new_handle("pool", managed));
+    int device = std::max(current_device(), 0);
+    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+      if (!valid_device(props->location.id)) return CUDA_ERROR_INVALID_DEVICE;
+      device = props->location.id;
+    }
+    *pool = static_cast<CUmemoryPool>(new_handle("pool", managed, static_cast<uint64_t>(device)));
     c.ptr("pool", *pool);
     return CUDA_SUCCESS;
   });
@@ -861,7 +1117,7 @@ CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
   return api("cuMemPoolDestroy", "cuMemPoolDestroy", kNone, [&](Call& c) {
     c.ptr("pool", pool);
     FC_CHECK(c);
-    if (!pool || pool == default_pool()) return CUDA_ERROR_INVALID_VALUE;
+    if (!pool || is_default_pool(pool)) return CUDA_ERROR_INVALID_VALUE;
     return delete_handle(pool, "pool") ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   });
 }
@@ -889,13 +1145,14 @@ CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
   return api("cuMemFreeAsync_ptsz", "cuMemFreeAsync", kCtx, [&](Call& c) { return free_async(c, dptr, stream); });
 }
 
-// free = total − live device bytes (managed memory is never counted as resident).
+// The current context's device: free = total − its live device bytes (managed memory is
+// never counted as resident).
 CUresult CUDAAPI cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
   return api("cuMemGetInfo_v2", "cuMemGetInfo", kCtx, [&](Call& c) {
     FC_CHECK(c);
     if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
     *total_bytes = config().total_memory;
-    *free_bytes = *total_bytes - std::min<uint64_t>(device_bytes_used(), *total_bytes);
+    *free_bytes = *total_bytes - std::min<uint64_t>(device_bytes_used(current_device()), *total_bytes);
     c.dec("free", *free_bytes).dec("total", *total_bytes);
     return CUDA_SUCCESS;
   });
@@ -906,7 +1163,7 @@ CUresult CUDAAPI cuMemGetInfo(unsigned int* free_bytes, unsigned int* total_byte
     FC_CHECK(c);
     if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
     uint64_t total = config().total_memory;
-    uint64_t free = total - std::min(device_bytes_used(), total);
+    uint64_t free = total - std::min(device_bytes_used(current_device()), total);
     *total_bytes = static_cast<unsigned>(std::min<uint64_t>(total, UINT_MAX));
     *free_bytes = static_cast<unsigned>(std::min<uint64_t>(free, UINT_MAX));
     c.dec("free", *free_bytes).dec("total", *total_bytes);
@@ -1103,7 +1360,9 @@ CUresult CUDAAPI cuStreamCreate(CUstream* stream, unsigned int flags) {
     FC_CHECK(c);
     if (!stream || flags > CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lock(stream_mutex());
-    Stream* s = new_stream();
+    Context* cur = current();
+    if (!cur) return CUDA_ERROR_INVALID_CONTEXT;
+    Stream* s = new_stream(cur);  // of the current context (cuStreamGetCtx)
     s->flags = flags;
     *stream = reinterpret_cast<CUstream>(s);
     c.ptr("stream", *stream);
@@ -1117,7 +1376,9 @@ CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* stream, unsigned int flags
     FC_CHECK(c);
     if (!stream || flags > CU_STREAM_NON_BLOCKING) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lock(stream_mutex());
-    Stream* s = new_stream();
+    Context* cur = current();
+    if (!cur) return CUDA_ERROR_INVALID_CONTEXT;
+    Stream* s = new_stream(cur);
     s->flags = flags;
     s->priority = std::clamp(priority, -5, 0);  // [greatest, least] like an sm_90 device
     *stream = reinterpret_cast<CUstream>(s);
@@ -1215,6 +1476,29 @@ CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   });
 }
 
+// A special handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) names the current
+// context's stream, and with no current context the call fails with
+// CUDA_ERROR_INVALID_CONTEXT; a created stream answers the context current at its creation
+// (cuStreamGetCtx, CUDA Driver API, Stream Management). No green contexts.
+CUresult CUDAAPI cuStreamGetCtx(CUstream s, CUcontext* pctx) {
+  return api("cuStreamGetCtx", "cuStreamGetCtx", kNone, [&](Call& c) { return stream_ctx(c, s, pctx, nullptr, false); });
+}
+CUresult CUDAAPI cuStreamGetCtx_ptsz(CUstream s, CUcontext* pctx) {
+  return api("cuStreamGetCtx_ptsz", "cuStreamGetCtx", kNone, [&](Call& c) { return stream_ctx(c, s, pctx, nullptr, false); });
+}
+CUresult CUDAAPI cuStreamGetCtx_v2(CUstream s, CUcontext* pctx, CUgreenCtx* green) {
+  return api("cuStreamGetCtx_v2", "cuStreamGetCtx", kNone, [&](Call& c) { return stream_ctx(c, s, pctx, green, true); });
+}
+CUresult CUDAAPI cuStreamGetCtx_v2_ptsz(CUstream s, CUcontext* pctx, CUgreenCtx* green) {
+  return api("cuStreamGetCtx_v2_ptsz", "cuStreamGetCtx", kNone, [&](Call& c) { return stream_ctx(c, s, pctx, green, true); });
+}
+CUresult CUDAAPI cuStreamGetDevice(CUstream s, CUdevice* device) {
+  return api("cuStreamGetDevice", "cuStreamGetDevice", kNone, [&](Call& c) { return stream_dev(c, s, device); });
+}
+CUresult CUDAAPI cuStreamGetDevice_ptsz(CUstream s, CUdevice* device) {
+  return api("cuStreamGetDevice_ptsz", "cuStreamGetDevice", kNone, [&](Call& c) { return stream_dev(c, s, device); });
+}
+
 // ---- events -------------------------------------------------------------------------------------
 CUresult CUDAAPI cuEventCreate(CUevent* event, unsigned int flags) {
   return api("cuEventCreate", "cuEventCreate", kCtx, [&](Call& c) {
@@ -1222,7 +1506,9 @@ CUresult CUDAAPI cuEventCreate(CUevent* event, unsigned int flags) {
     FC_CHECK(c);
     if (!event) return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard lock(stream_mutex());
-    Event* e = new_event();
+    Context* cur = current();
+    if (!cur) return CUDA_ERROR_INVALID_CONTEXT;
+    Event* e = new_event(cur);  // of the current context (cuEventRecord checks it)
     e->timing = !(flags & CU_EVENT_DISABLE_TIMING);
     *event = reinterpret_cast<CUevent>(e);
     c.ptr("event", *event);
@@ -1455,8 +1741,9 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
 }
 
 // ---- virtual memory management -------------------------------------------------------------------
-// A physical handle counts against FAKECUDA_TOTAL_MEMORY; a reservation is anonymous host
-// memory; cuMemMap registers the range as kind vmm (two mappings of one handle do not alias).
+// A physical handle counts against its device's FAKECUDA_TOTAL_MEMORY (prop->location.id); a
+// reservation is anonymous host memory; cuMemMap registers the range as kind vmm on the
+// handle's device (two mappings of one handle do not alias).
 CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                              unsigned long long flags) {
   return api("cuMemCreate", "cuMemCreate", kCtx | kAlloc, [&](Call& c) {
@@ -1464,9 +1751,11 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, 
     FC_CHECK(c);
     if (!handle || !prop || size == 0) return CUDA_ERROR_INVALID_VALUE;
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
-    if (!reserve_device_bytes(size)) return CUDA_ERROR_OUT_OF_MEMORY;
-    *handle = reinterpret_cast<uintptr_t>(new_handle("vmm", size));
+    c.sdec("loc_id", prop->location.id);
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !valid_device(prop->location.id))
+      return CUDA_ERROR_INVALID_DEVICE;
+    if (!reserve_device_bytes(prop->location.id, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+    *handle = reinterpret_cast<uintptr_t>(new_handle("vmm", size, static_cast<uint64_t>(prop->location.id)));
     c.hex("handle", *handle);
     return CUDA_SUCCESS;
   });
@@ -1477,10 +1766,10 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) {
     c.hex("handle", handle);
     FC_CHECK(c);
     auto* h = reinterpret_cast<void*>(handle);
-    uint64_t size = 0;
-    if (!handle_is(h, "vmm", &size)) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t size = 0, device = 0;
+    if (!handle_is(h, "vmm", &size, &device)) return CUDA_ERROR_INVALID_VALUE;
     delete_handle(h, "vmm");
-    release_device_bytes(size);
+    release_device_bytes(static_cast<int>(device), size);
     return CUDA_SUCCESS;
   });
 }
@@ -1528,13 +1817,13 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGene
   return api("cuMemMap", "cuMemMap", kCtx, [&](Call& c) {
     c.hex("ptr", ptr).dec("size", size).dec("offset", offset).hex("handle", handle).dec("flags", flags);
     FC_CHECK(c);
-    uint64_t handle_size = 0;
-    if (size == 0 || flags != 0 || !handle_is(reinterpret_cast<void*>(handle), "vmm", &handle_size))
+    uint64_t handle_size = 0, device = 0;
+    if (size == 0 || flags != 0 || !handle_is(reinterpret_cast<void*>(handle), "vmm", &handle_size, &device))
       return CUDA_ERROR_INVALID_VALUE;
     if (offset > handle_size || size > handle_size - offset || !in_reservation(ptr, size))
       return CUDA_ERROR_INVALID_VALUE;
     if (find(ptr, nullptr) || find(ptr + size - 1, nullptr)) return CUDA_ERROR_INVALID_VALUE;  // already mapped
-    add_vmm_mapping(ptr, size);
+    add_vmm_mapping(ptr, size, static_cast<int>(device), current_context());
     return CUDA_SUCCESS;
   });
 }
@@ -1602,6 +1891,15 @@ FAKECUDA_EXPORT void fakecuda_reload_config(void) {
   try {
     reload_config();
   } catch (...) {
+  }
+}
+
+// The physical ordinal behind visible device `device` (CUDA_VISIBLE_DEVICES), or -1.
+FAKECUDA_EXPORT int fakecuda_device_physical(int device) {
+  try {
+    return physical_ordinal(device);
+  } catch (...) {
+    return -1;
   }
 }
 

@@ -9,8 +9,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <sstream>
 #include <regex>
 #include <string>
 #include <thread>
@@ -19,10 +23,16 @@
 
 #include "fakecuda.h"
 
+#ifdef FAKECUDA_HAVE_CUPTI
+#include <cupti_activity.h>
+#endif
+
 namespace {
 
 const char* const kVars[] = {"FAKECUDA_TOTAL_MEMORY", "FAKECUDA_CONCURRENT_MANAGED_ACCESS", "FAKECUDA_ASYNC",
-                             "FAKECUDA_LOG", "FAKECUDA_FAIL", "FAKECUDA_GPU_MEMORY", "FAKECUDA_STATS"};
+                             "FAKECUDA_LOG",          "FAKECUDA_FAIL",
+                             "FAKECUDA_GPU_MEMORY",   "FAKECUDA_STATS",
+                             "FAKECUDA_DEVICES",      "CUDA_VISIBLE_DEVICES"};
 
 void* driver() {
   static void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -757,5 +767,662 @@ TEST_F(FakeCuda, RuntimeLaunchesRegisteredStubs) {
   cuMemFree_v2(a);
   cuModuleUnload(mod);
 }
+
+// ---- several devices (FAKECUDA_DEVICES, CUDA_VISIBLE_DEVICES) --------------------------------
+
+// Two devices; the test starts on device 0's primary context (FakeCuda::SetUp).
+class FakeMultiDevice : public FakeCuda {
+ protected:
+  void SetUp() override {
+    FakeCuda::SetUp();
+    Configure("FAKECUDA_DEVICES", "2");
+    for (int d = 0; d < 2; ++d) ASSERT_EQ(cuDevicePrimaryCtxRetain(&primary_[d], d), CUDA_SUCCESS);
+    ASSERT_NE(primary_[0], primary_[1]);
+    ASSERT_EQ(cuCtxSetCurrent(primary_[0]), CUDA_SUCCESS);
+  }
+  void On(int d) { ASSERT_EQ(cuCtxSetCurrent(primary_[d]), CUDA_SUCCESS); }
+  int Device() {
+    CUdevice d = -1;
+    EXPECT_EQ(cuCtxGetDevice(&d), CUDA_SUCCESS);
+    return d;
+  }
+  template <class T>
+  T Attr(CUpointer_attribute a, CUdeviceptr p) {
+    T v{};
+    EXPECT_EQ(cuPointerGetAttribute(&v, a, p), CUDA_SUCCESS);
+    return v;
+  }
+  CUcontext primary_[2] = {};
+};
+
+TEST_F(FakeMultiDevice, DevicesHaveTheirOwnIdentity) {
+  int count = 0;
+  ASSERT_EQ(cuDeviceGetCount(&count), CUDA_SUCCESS);
+  EXPECT_EQ(count, 2);
+  CUdevice dev = -1;
+  EXPECT_EQ(cuDeviceGet(&dev, 1), CUDA_SUCCESS);
+  EXPECT_EQ(dev, 1);
+  EXPECT_EQ(cuDeviceGet(&dev, 2), CUDA_ERROR_INVALID_DEVICE);
+  char name[64];
+  EXPECT_EQ(cuDeviceGetName(name, sizeof name, 1), CUDA_SUCCESS);
+  EXPECT_STREQ(name, "Fakecuda GPU");
+  EXPECT_EQ(cuDeviceGetName(name, sizeof name, 2), CUDA_ERROR_INVALID_DEVICE);
+  CUuuid u0{}, u1{};
+  EXPECT_EQ(cuDeviceGetUuid_v2(&u0, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuDeviceGetUuid(&u1, 1), CUDA_SUCCESS);
+  EXPECT_NE(std::memcmp(u0.bytes, u1.bytes, sizeof u0.bytes), 0);
+  char bus[2][16];
+  EXPECT_EQ(cuDeviceGetPCIBusId(bus[0], sizeof bus[0], 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuDeviceGetPCIBusId(bus[1], sizeof bus[1], 1), CUDA_SUCCESS);
+  EXPECT_STREQ(bus[0], "0000:00:00.0");
+  EXPECT_STREQ(bus[1], "0000:01:00.0");
+  EXPECT_EQ(cuDeviceGetByPCIBusId(&dev, "0000:01:00.0"), CUDA_SUCCESS);
+  EXPECT_EQ(dev, 1);
+  EXPECT_EQ(cuDeviceGetByPCIBusId(&dev, "00:00.0"), CUDA_SUCCESS);
+  EXPECT_EQ(dev, 0);
+  EXPECT_EQ(cuDeviceGetByPCIBusId(&dev, "0000:07:00.0"), CUDA_ERROR_INVALID_DEVICE);
+  int value = -1;
+  EXPECT_EQ(cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 1), CUDA_SUCCESS);
+  EXPECT_EQ(value, 1);
+  EXPECT_EQ(cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 1), CUDA_SUCCESS);
+  EXPECT_EQ(value, 132);
+  size_t total = 0;
+  EXPECT_EQ(cuDeviceTotalMem_v2(&total, 1), CUDA_SUCCESS);
+  EXPECT_EQ(total, 17179869184u);
+  EXPECT_EQ(fakecuda_device_physical(1), 1);
+  EXPECT_EQ(fakecuda_device_physical(2), -1);
+  // The lookups of the calls added for several devices.
+  EXPECT_EQ(proc("cuCtxCreate", 12050, 0), dlsym(driver(), "cuCtxCreate_v4"));
+  EXPECT_EQ(proc("cuCtxCreate", 3020, 0), dlsym(driver(), "cuCtxCreate_v2"));
+  EXPECT_EQ(proc("cuCtxGetDevice", 13000, 0), dlsym(driver(), "cuCtxGetDevice_v2"));
+  EXPECT_EQ(proc("cuCtxGetDevice", 12000, 0), dlsym(driver(), "cuCtxGetDevice"));
+  EXPECT_EQ(proc("cuStreamGetCtx", 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM),
+            dlsym(driver(), "cuStreamGetCtx_v2_ptsz"));
+  EXPECT_EQ(proc("cuDevicePrimaryCtxSetFlags", 13000, 0), dlsym(driver(), "cuDevicePrimaryCtxSetFlags_v2"));
+  EXPECT_EQ(proc("cuDeviceGetUuid", 13000, 0), dlsym(driver(), "cuDeviceGetUuid_v2"));
+}
+
+TEST_F(FakeMultiDevice, EachDeviceCountsItsOwnMemory) {
+  Configure("FAKECUDA_TOTAL_MEMORY", "1048576");
+  CUdeviceptr a = 0, b = 0, c = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&a, 786432), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), 262144u);
+  On(1);
+  EXPECT_EQ(Device(), 1);
+  size_t free = 0, total = 0;
+  ASSERT_EQ(cuMemGetInfo_v2(&free, &total), CUDA_SUCCESS);
+  EXPECT_EQ(total, 1048576u);
+  EXPECT_EQ(free, 1048576u);  // device 0's allocation is not on device 1
+  ASSERT_EQ(cuMemAlloc_v2(&b, 1048576), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), 0u);
+  EXPECT_EQ(cuMemAlloc_v2(&c, 256), CUDA_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(cuMemAllocAsync(&c, 256, nullptr), CUDA_ERROR_OUT_OF_MEMORY);  // device 1's default pool
+  // A VMM handle counts against its location's device, whatever is current.
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  CUmemGenericAllocationHandle phys = 0;
+  ASSERT_EQ(cuMemCreate(&phys, 131072, &prop, 0), CUDA_SUCCESS);
+  prop.location.id = 2;
+  CUmemGenericAllocationHandle bad = 0;
+  EXPECT_EQ(cuMemCreate(&bad, 4096, &prop, 0), CUDA_ERROR_INVALID_DEVICE);
+  CUdeviceptr va = 0;
+  ASSERT_EQ(cuMemAddressReserve(&va, 131072, 0, 0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemMap(va, 131072, 0, phys, 0), CUDA_SUCCESS);
+  EXPECT_EQ(Attr<int>(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, va), 0);  // the handle's device
+  EXPECT_EQ(cuMemFree_v2(b), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), 1048576u);
+  On(0);
+  EXPECT_EQ(FreeBytes(), 131072u);
+  // Pools: each device's default pool gives that device's memory.
+  CUmemoryPool p0 = nullptr, p1 = nullptr;
+  ASSERT_EQ(cuDeviceGetDefaultMemPool(&p0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuDeviceGetDefaultMemPool(&p1, 1), CUDA_SUCCESS);
+  EXPECT_NE(p0, p1);
+  EXPECT_EQ(cuMemPoolDestroy(p1), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cuMemAllocFromPoolAsync(&c, 524288, p1, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), 131072u);
+  EXPECT_EQ(Attr<int>(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, c), 1);
+  EXPECT_EQ(Attr<CUmemoryPool>(CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, c), p1);
+  On(1);
+  EXPECT_EQ(FreeBytes(), 524288u);
+  EXPECT_EQ(cuMemFreeAsync(c, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), 1048576u);
+  On(0);
+  EXPECT_EQ(cuMemUnmap(va, 131072), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemAddressFree(va, 131072), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemRelease(phys), CUDA_SUCCESS);
+  EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+  EXPECT_EQ(FreeBytes(), 1048576u);
+}
+
+TEST_F(FakeMultiDevice, PointerAttributesNameTheAllocatingContext) {
+  CUdeviceptr d0 = 0, d1 = 0, m1 = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&d0, 4096), CUDA_SUCCESS);
+  On(1);
+  ASSERT_EQ(cuMemAlloc_v2(&d1, 4096), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAllocManaged(&m1, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  On(0);  // whatever is current now
+  EXPECT_EQ(Attr<int>(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d0), 0);
+  EXPECT_EQ(Attr<int>(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d1 + 100), 1);
+  EXPECT_EQ(Attr<int>(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, m1), 1);
+  EXPECT_EQ(Attr<CUcontext>(CU_POINTER_ATTRIBUTE_CONTEXT, d0), primary_[0]);
+  EXPECT_EQ(Attr<CUcontext>(CU_POINTER_ATTRIBUTE_CONTEXT, d1), primary_[1]);
+  EXPECT_EQ(Attr<CUcontext>(CU_POINTER_ATTRIBUTE_CONTEXT, m1), primary_[1]);
+  int ordinal = 7;
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  void* data[] = {&ordinal};
+  int local = 0;
+  EXPECT_EQ(cuPointerGetAttributes(1, attrs, data, reinterpret_cast<CUdeviceptr>(&local)), CUDA_SUCCESS);
+  EXPECT_EQ(ordinal, -2);  // unknown pointer
+  for (CUdeviceptr p : {d0, d1, m1}) EXPECT_EQ(cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
+TEST_F(FakeMultiDevice, CreatedContextsArePushedAndDestroyedWithTheirMemory) {
+  Configure("FAKECUDA_TOTAL_MEMORY", "1048576");
+  CUcontext ctx = nullptr, top = nullptr;
+  ASSERT_EQ(cuCtxCreate_v4(&ctx, nullptr, 0, 1), CUDA_SUCCESS);
+  EXPECT_NE(ctx, primary_[1]);
+  ASSERT_EQ(cuCtxGetCurrent(&top), CUDA_SUCCESS);
+  EXPECT_EQ(top, ctx);
+  EXPECT_EQ(Device(), 1);
+  CUdevice dev = -1;
+  EXPECT_EQ(cuCtxGetDevice_v2(&dev, primary_[0]), CUDA_SUCCESS);
+  EXPECT_EQ(dev, 0);
+  EXPECT_EQ(cuCtxGetDevice_v2(&dev, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(dev, 1);
+  CUdeviceptr p = 0;
+  ASSERT_EQ(cuMemAlloc_v2(&p, 1048576), CUDA_SUCCESS);
+  EXPECT_EQ(Attr<CUcontext>(CU_POINTER_ATTRIBUTE_CONTEXT, p), ctx);
+  ASSERT_EQ(cuCtxPopCurrent_v2(&top), CUDA_SUCCESS);
+  EXPECT_EQ(top, ctx);
+  EXPECT_EQ(Device(), 0);  // the primary context under it again
+  On(1);
+  EXPECT_EQ(FreeBytes(), 0u);  // the created context's memory is device 1's
+  On(0);
+  EXPECT_EQ(cuCtxDestroy_v2(primary_[0]), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(cuCtxDestroy_v2(ctx), CUDA_SUCCESS);
+  EXPECT_EQ(cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p), CUDA_ERROR_INVALID_VALUE);
+  On(1);
+  EXPECT_EQ(FreeBytes(), 1048576u);
+  EXPECT_EQ(cuCtxSetCurrent(ctx), CUDA_ERROR_INVALID_CONTEXT);
+  EXPECT_EQ(cuCtxDestroy_v2(ctx), CUDA_ERROR_INVALID_CONTEXT);
+  // A context destroyed while current below the top stays on the stack, unusable.
+  CUcontext other = nullptr;
+  ASSERT_EQ(cuCtxCreate_v2(&other, CU_CTX_SCHED_SPIN, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxPushCurrent_v2(other), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxDestroy_v2(other), CUDA_SUCCESS);  // pops the top one only
+  EXPECT_EQ(cuMemAlloc_v2(&p, 256), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+  ASSERT_EQ(cuCtxPopCurrent_v2(&top), CUDA_SUCCESS);
+  EXPECT_EQ(top, other);
+  EXPECT_EQ(Device(), 1);
+  EXPECT_EQ(cuCtxCreate_v2(&other, 0, 2), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(cuCtxCreate_v3(&other, nullptr, 1, 0, 0), CUDA_ERROR_INVALID_VALUE);
+}
+
+TEST_F(FakeMultiDevice, PrimaryContextStateIsPerDevice) {
+  unsigned flags = 9;
+  int active = 9;
+  ASSERT_EQ(cuDevicePrimaryCtxGetState(1, &flags, &active), CUDA_SUCCESS);
+  EXPECT_EQ(active, 1);
+  EXPECT_EQ(cuDevicePrimaryCtxSetFlags(1, CU_CTX_SCHED_BLOCKING_SYNC), CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE);  // v1
+  EXPECT_EQ(cuDevicePrimaryCtxSetFlags_v2(1, CU_CTX_SCHED_BLOCKING_SYNC), CUDA_SUCCESS);
+  EXPECT_EQ(cuDevicePrimaryCtxSetFlags_v2(1, 0x1000), CUDA_ERROR_INVALID_VALUE);
+  ASSERT_EQ(cuDevicePrimaryCtxRelease_v2(1), CUDA_SUCCESS);
+  ASSERT_EQ(cuDevicePrimaryCtxGetState(1, &flags, &active), CUDA_SUCCESS);
+  EXPECT_EQ(flags, unsigned{CU_CTX_SCHED_BLOCKING_SYNC});
+  EXPECT_EQ(active, 0);
+  EXPECT_EQ(cuDevicePrimaryCtxRelease_v2(1), CUDA_ERROR_INVALID_CONTEXT);
+  ASSERT_EQ(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+  EXPECT_EQ(flags, 0u);
+  EXPECT_EQ(active, 1);
+  EXPECT_EQ(cuDevicePrimaryCtxGetState(2, &flags, &active), CUDA_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(cuDevicePrimaryCtxReset_v2(1), CUDA_SUCCESS);
+  EXPECT_EQ(cuDevicePrimaryCtxReset_v2(2), CUDA_ERROR_INVALID_DEVICE);
+}
+
+TEST_F(FakeMultiDevice, EachContextHasItsOwnStreamsAndEvents) {
+  Configure("FAKECUDA_ASYNC", "1");
+  CUstream s0 = nullptr, s1 = nullptr;
+  CUevent e0 = nullptr, e1 = nullptr;
+  ASSERT_EQ(cuStreamCreate(&s0, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventCreate(&e0, 0), CUDA_SUCCESS);
+  On(1);
+  ASSERT_EQ(cuStreamCreate(&s1, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventCreate(&e1, 0), CUDA_SUCCESS);
+  CUcontext ctx = nullptr;
+  EXPECT_EQ(cuStreamGetCtx(s0, &ctx), CUDA_SUCCESS);
+  EXPECT_EQ(ctx, primary_[0]);
+  EXPECT_EQ(cuStreamGetCtx(nullptr, &ctx), CUDA_SUCCESS);  // the current context's
+  EXPECT_EQ(ctx, primary_[1]);
+  CUgreenCtx green = reinterpret_cast<CUgreenCtx>(&ctx);
+  EXPECT_EQ(cuStreamGetCtx_v2(CU_STREAM_LEGACY, &ctx, &green), CUDA_SUCCESS);
+  EXPECT_EQ(ctx, primary_[1]);
+  EXPECT_EQ(green, nullptr);
+  CUdevice dev = -1;
+  EXPECT_EQ(cuStreamGetDevice(s0, &dev), CUDA_SUCCESS);
+  EXPECT_EQ(dev, 0);
+
+  // An event records only on a stream of its own context; waiting across is legal.
+  EXPECT_EQ(cuEventRecord(e0, nullptr), CUDA_ERROR_INVALID_HANDLE);  // device 1's legacy stream
+  EXPECT_EQ(cuEventRecord(e0, s1), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cuEventRecord(e1, s0), CUDA_ERROR_INVALID_HANDLE);
+  ASSERT_EQ(cuEventRecord(e0, s0), CUDA_SUCCESS);  // its own stream, from another current context
+  ASSERT_EQ(cuEventRecord(e1, nullptr), CUDA_SUCCESS);
+  float ms = 0;
+  EXPECT_EQ(cuEventElapsedTime_v2(&ms, e0, e1), CUDA_ERROR_INVALID_HANDLE);  // different devices
+
+  // cuCtxSynchronize completes the current context's streams only.
+  EXPECT_EQ(cuEventQuery(e0), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(cuEventQuery(e1), CUDA_ERROR_NOT_READY);
+  ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(e1), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(e0), CUDA_ERROR_NOT_READY);
+  EXPECT_EQ(cuStreamQuery(s0), CUDA_ERROR_NOT_READY);
+
+  // ... and the work they wait for: a wait on device 0's event orders device 1's later work
+  // after it, so completing device 1's streams completes that event first (not what device 0
+  // queued after it).
+  EXPECT_EQ(cuStreamWaitEvent(s1, e0, 0), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamWaitEvent(nullptr, e0, 0), CUDA_SUCCESS);
+  On(0);
+  CUevent later = nullptr;
+  ASSERT_EQ(cuEventCreate(&later, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventRecord(later, s0), CUDA_SUCCESS);
+  On(1);
+  ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(e0), CUDA_SUCCESS) << "device 1's streams waited for it";
+  EXPECT_EQ(cuEventQuery(later), CUDA_ERROR_NOT_READY) << "recorded after the event waited for";
+  On(0);
+  EXPECT_EQ(cuStreamQuery(nullptr), CUDA_SUCCESS);  // device 0's legacy stream: nothing on it
+  ASSERT_EQ(cuCtxSynchronize(), CUDA_SUCCESS);
+  EXPECT_EQ(cuEventQuery(later), CUDA_SUCCESS);
+  ASSERT_EQ(cuEventDestroy_v2(later), CUDA_SUCCESS);
+
+  // A launch goes to a stream of the current context only.
+  CUmodule mod = nullptr;
+  CUfunction fill = nullptr;
+  ASSERT_EQ(cuModuleLoadData(&mod, "fill_u32(8,8,4)"), CUDA_SUCCESS);
+  ASSERT_EQ(cuModuleGetFunction(&fill, mod, "fill_u32"), CUDA_SUCCESS);
+  CUdeviceptr a = 0;
+  ASSERT_EQ(cuMemAllocManaged(&a, 64, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  uint64_t count = 16;
+  unsigned value = 1;
+  void* args[] = {&a, &count, &value};
+  EXPECT_EQ(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s1, args, nullptr), CUDA_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, s0, args, nullptr), CUDA_SUCCESS);
+  EXPECT_EQ(cuStreamSynchronize(s1), CUDA_SUCCESS);  // synchronizing another context's stream is fine
+  EXPECT_EQ(cuMemFree_v2(a), CUDA_SUCCESS);
+  EXPECT_EQ(cuModuleUnload(mod), CUDA_SUCCESS);
+  for (CUevent e : {e0, e1}) EXPECT_EQ(cuEventDestroy_v2(e), CUDA_SUCCESS);
+  for (CUstream s : {s0, s1}) EXPECT_EQ(cuStreamDestroy_v2(s), CUDA_SUCCESS);
+}
+
+TEST_F(FakeCuda, VisibleDevicesAreRenumberedAndTheListEndsAtABadEntry) {
+  setenv("FAKECUDA_DEVICES", "4", 1);
+  struct Case {
+    const char* value;
+    std::vector<int> physical;
+  } cases[] = {
+      {"2,0", {2, 0}}, {"3,1,7,0", {3, 1}}, {"1,1,0", {1}}, {"1,x,0", {1}}, {" 2 ,3", {2, 3}},
+      {"-1", {}},      {"", {}},            {"0,", {0}},    {"GPU-fa4ecda0", {}},
+  };
+  for (const Case& c : cases) {
+    setenv("CUDA_VISIBLE_DEVICES", c.value, 1);
+    fakecuda_reload_config();
+    int count = -1;
+    ASSERT_EQ(cuDeviceGetCount(&count), CUDA_SUCCESS) << c.value;
+    EXPECT_EQ(count, static_cast<int>(c.physical.size())) << c.value;
+    for (int d = 0; d < count && d < static_cast<int>(c.physical.size()); ++d) {
+      EXPECT_EQ(fakecuda_device_physical(d), c.physical[d]) << c.value << " device " << d;
+      CUuuid u{};
+      ASSERT_EQ(cuDeviceGetUuid_v2(&u, d), CUDA_SUCCESS);
+      EXPECT_EQ(u.bytes[15], c.physical[d]) << "the identity follows the physical device";
+      int bus = -1;
+      EXPECT_EQ(cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, d), CUDA_SUCCESS);
+      EXPECT_EQ(bus, c.physical[d]);
+    }
+    EXPECT_EQ(fakecuda_device_physical(count), -1);
+    CUdevice dev = 0;
+    EXPECT_EQ(cuDeviceGet(&dev, count), CUDA_ERROR_INVALID_DEVICE) << c.value;
+    EXPECT_EQ(cuInit(0), count ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE) << c.value;
+  }
+  // No device: no context to make current either.
+  CUcontext ctx = nullptr;
+  EXPECT_EQ(cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_ERROR_INVALID_DEVICE);
+  CUdeviceptr p = 0;
+  EXPECT_EQ(cuMemAlloc_v2(&p, 256), CUDA_ERROR_CONTEXT_IS_DESTROYED);  // device 0's primary is gone
+  unsetenv("CUDA_VISIBLE_DEVICES");
+  fakecuda_reload_config();
+  int count = 0;
+  EXPECT_EQ(cuDeviceGetCount(&count), CUDA_SUCCESS);
+  EXPECT_EQ(count, 4);
+  // FAKECUDA_DEVICES: 1..8.
+  for (const char* bad : {"0", "9", "two"}) {
+    setenv("FAKECUDA_DEVICES", bad, 1);
+    testing::internal::CaptureStderr();
+    fakecuda_reload_config();
+    EXPECT_EQ(testing::internal::GetCapturedStderr(),
+              "fakecuda: ignoring bad FAKECUDA_DEVICES='" + std::string(bad) + "', using 1\n");
+    EXPECT_EQ(cuDeviceGetCount(&count), CUDA_SUCCESS);
+    EXPECT_EQ(count, 1);
+  }
+}
+
+TEST_F(FakeMultiDevice, AReloadResetsContextsAndDevices) {
+  CUcontext ctx = nullptr;
+  CUstream s1 = nullptr;
+  On(1);
+  ASSERT_EQ(cuStreamCreate(&s1, 0), CUDA_SUCCESS);
+  ASSERT_EQ(cuCtxCreate_v2(&ctx, 0, 0), CUDA_SUCCESS);
+  Configure("FAKECUDA_ASYNC", "0");  // any reload: created contexts go, retains are dropped
+  EXPECT_EQ(cuCtxSetCurrent(ctx), CUDA_ERROR_INVALID_CONTEXT);
+  unsigned flags = 0;
+  int active = 1;
+  ASSERT_EQ(cuDevicePrimaryCtxGetState(1, &flags, &active), CUDA_SUCCESS);
+  EXPECT_EQ(active, 0);
+  EXPECT_EQ(cuStreamSynchronize(s1), CUDA_SUCCESS);  // device 1 is still there, and its stream
+  Configure("FAKECUDA_DEVICES", "1");  // device 1 goes, with its primary context's streams
+  EXPECT_EQ(cuCtxSetCurrent(primary_[1]), CUDA_ERROR_INVALID_CONTEXT);
+  On(0);
+  EXPECT_EQ(cuStreamSynchronize(s1), CUDA_ERROR_INVALID_HANDLE);
+  CUcontext again = nullptr;
+  ASSERT_EQ(cuDevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
+  EXPECT_EQ(again, primary_[0]);  // primary handles never change
+  EXPECT_EQ(cuDevicePrimaryCtxRetain(&again, 1), CUDA_ERROR_INVALID_DEVICE);
+}
+
+TEST_F(FakeMultiDevice, RuntimeSetDeviceSwitchesPrimaryContexts) {
+  void* rt = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(rt, nullptr) << dlerror();
+  auto set = reinterpret_cast<decltype(&cudaSetDevice)>(dlsym(rt, "cudaSetDevice"));
+  auto get = reinterpret_cast<decltype(&cudaGetDevice)>(dlsym(rt, "cudaGetDevice"));
+  auto count = reinterpret_cast<decltype(&cudaGetDeviceCount)>(dlsym(rt, "cudaGetDeviceCount"));
+  auto rt_malloc = reinterpret_cast<decltype(&cudaMalloc)>(dlsym(rt, "cudaMalloc"));
+  auto rt_free = reinterpret_cast<decltype(&cudaFree)>(dlsym(rt, "cudaFree"));
+  auto rt_attrs = reinterpret_cast<decltype(&cudaPointerGetAttributes)>(dlsym(rt, "cudaPointerGetAttributes"));
+  auto rt_last = reinterpret_cast<decltype(&cudaGetLastError)>(dlsym(rt, "cudaGetLastError"));
+  ASSERT_TRUE(set && get && count && rt_malloc && rt_free && rt_attrs && rt_last);
+  int n = 0, d = -1;
+  EXPECT_EQ(count(&n), cudaSuccess);
+  EXPECT_EQ(n, 2);
+  EXPECT_EQ(get(&d), cudaSuccess);
+  EXPECT_EQ(d, 0);
+  ASSERT_EQ(set(1), cudaSuccess);
+  EXPECT_EQ(get(&d), cudaSuccess);
+  EXPECT_EQ(d, 1);
+  CUcontext ctx = nullptr;
+  EXPECT_EQ(cuCtxGetCurrent(&ctx), CUDA_SUCCESS);
+  EXPECT_EQ(ctx, primary_[1]);
+  void* p = nullptr;
+  ASSERT_EQ(rt_malloc(&p, 4096), cudaSuccess);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(rt_attrs(&attr, p), cudaSuccess);
+  EXPECT_EQ(attr.device, 1);
+  EXPECT_EQ(set(2), cudaErrorInvalidDevice);
+  EXPECT_EQ(set(-1), cudaErrorInvalidDevice);
+  EXPECT_EQ(rt_last(), cudaErrorInvalidDevice);
+  EXPECT_EQ(get(&d), cudaSuccess);
+  EXPECT_EQ(d, 1);  // unchanged
+  On(0);  // the driver API's current context is the runtime's current device
+  EXPECT_EQ(get(&d), cudaSuccess);
+  EXPECT_EQ(d, 0);
+  ASSERT_EQ(set(0), cudaSuccess);
+  EXPECT_EQ(rt_free(p), cudaSuccess);
+}
+
+// A GPU of 4 chunks (8 MiB) on each of two devices.
+class FakeMultiResidency : public FakeResidency {
+ protected:
+  void SetUp() override {
+    FakeResidency::SetUp();
+    Configure("FAKECUDA_DEVICES", "2");  // (a reload: the model starts afresh with two GPUs)
+    for (int d = 0; d < 2; ++d) ASSERT_EQ(cuDevicePrimaryCtxRetain(&primary_[d], d), CUDA_SUCCESS);
+    On(0);
+  }
+  void On(int d) { ASSERT_EQ(cuCtxSetCurrent(primary_[d]), CUDA_SUCCESS); }
+  void PrefetchTo(CUdeviceptr p, int device) {
+    CUmemLocation loc{device < 0 ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE, device < 0 ? 0 : device};
+    ASSERT_EQ(cuMemPrefetchAsync_v2(p, 2 << 20, loc, 0, nullptr), CUDA_SUCCESS);
+  }
+  fakecuda_residency_stats_t On_(int d) {
+    fakecuda_residency_stats_t st{};
+    EXPECT_EQ(fakecuda_device_residency_stats(d, &st), 0);
+    return st;
+  }
+  CUcontext primary_[2] = {};
+};
+
+TEST_F(FakeMultiResidency, APrefetchedChunkMigratesToTheLaunchingDevice) {
+  CUdeviceptr a = Block();
+  EXPECT_EQ(fakecuda_chunk_device(a), FAKECUDA_DEVICE_FRESH);
+  PrefetchTo(a, -1);  // populated on the CPU
+  EXPECT_EQ(fakecuda_chunk_device(a), FAKECUDA_DEVICE_CPU);
+  PrefetchTo(a, 1);  // issued from device 0, to device 1
+  EXPECT_EQ(fakecuda_chunk_device(a), 1);
+  EXPECT_EQ(fakecuda_chunk_location(a), FAKECUDA_CHUNK_GPU);
+  EXPECT_EQ(On_(1).prefetched_in, 1u);
+  EXPECT_EQ(On_(1).resident_chunks, 1u);
+  EXPECT_EQ(On_(0).prefetched_in, 0u);
+  Fill(a);  // on device 0: a fault there, the chunk comes over from device 1
+  EXPECT_EQ(fakecuda_chunk_device(a), 0);
+  fakecuda_residency_stats_t d0 = On_(0), d1 = On_(1);
+  EXPECT_EQ(d0.faults, 1u);
+  EXPECT_EQ(d0.from_peer, 1u);
+  EXPECT_EQ(d0.launches, 1u);
+  EXPECT_EQ(d0.resident_chunks, 1u);
+  EXPECT_EQ(d1.resident_chunks, 0u);
+  EXPECT_EQ(d1.launches, 0u);
+  EXPECT_EQ(d1.driver_evictions + d1.prefetched_out, 0u);  // a move, not an eviction
+  // Prefetching it back to device 1 is a peer prefetch there; a launch on device 1 right after
+  // it is late, on device 1's own count.
+  PrefetchTo(a, 1);
+  On(1);
+  Fill(a);
+  d1 = On_(1);
+  EXPECT_EQ(d1.prefetched_in, 2u);
+  EXPECT_EQ(d1.from_peer, 1u);
+  EXPECT_EQ(d1.late_prefetches, 1u);
+  EXPECT_EQ(d1.faults, 0u);
+  // Toward the host: counted on the GPU it leaves.
+  On(0);
+  PrefetchTo(a, -1);
+  EXPECT_EQ(On_(1).prefetched_out, 1u);
+  EXPECT_EQ(On_(0).prefetched_out, 0u);
+  fakecuda_residency_stats_t sum = Stats();
+  EXPECT_EQ(sum.capacity_chunks, 8u);
+  EXPECT_EQ(sum.faults, 1u);
+  EXPECT_EQ(sum.prefetched_in, 2u);
+  EXPECT_EQ(sum.launches, 2u);
+  EXPECT_EQ(sum.from_peer, 2u);
+  EXPECT_EQ(sum.populated, 1u);
+  fakecuda_residency_stats_t none{};
+  none.faults = 5;
+  EXPECT_EQ(fakecuda_device_residency_stats(2, &none), -1);
+  EXPECT_EQ(none.faults, 0u);
+  CUmemLocation bad{CU_MEM_LOCATION_TYPE_DEVICE, 2};
+  EXPECT_EQ(cuMemPrefetchAsync_v2(a, 2 << 20, bad, 0, nullptr), CUDA_ERROR_INVALID_DEVICE);
+}
+
+TEST_F(FakeMultiResidency, EachGpuHasItsOwnCapacity) {
+  CUdeviceptr b[9];
+  for (CUdeviceptr& p : b) p = Block();
+  On(1);
+  for (int i = 0; i < 4; ++i) Fill(b[i]);
+  On(0);
+  for (int i = 4; i < 8; ++i) Fill(b[i]);
+  EXPECT_EQ(On_(0).resident_chunks, 4u);
+  EXPECT_EQ(On_(1).resident_chunks, 4u);
+  EXPECT_EQ(Stats().driver_evictions, 0u);
+  Fill(b[8]);  // device 0 is full: its oldest (b4) goes, device 1 keeps its own
+  EXPECT_EQ(fakecuda_chunk_device(b[4]), FAKECUDA_DEVICE_CPU);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(fakecuda_chunk_device(b[i]), 1) << i;
+  EXPECT_EQ(On_(0).driver_evictions, 1u);
+  EXPECT_EQ(On_(1).driver_evictions, 0u);
+  // A chunk coming from device 1 onto the full device 0 evicts there too.
+  Fill(b[0]);
+  EXPECT_EQ(fakecuda_chunk_device(b[0]), 0);
+  EXPECT_EQ(fakecuda_chunk_device(b[5]), FAKECUDA_DEVICE_CPU);
+  EXPECT_EQ(On_(0).driver_evictions, 2u);
+  EXPECT_EQ(On_(1).resident_chunks, 3u);
+  EXPECT_EQ(Stats().resident_chunks, 7u);
+  // Advice names a device: preferred location CPU + accessed by device 1 reads remotely on
+  // device 1 only.
+  CUmemLocation host{CU_MEM_LOCATION_TYPE_HOST, 0}, gpu1{CU_MEM_LOCATION_TYPE_DEVICE, 1};
+  ASSERT_EQ(cuMemAdvise_v2(b[4], 2 << 20, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host), CUDA_SUCCESS);
+  ASSERT_EQ(cuMemAdvise_v2(b[4], 2 << 20, CU_MEM_ADVISE_SET_ACCESSED_BY, gpu1), CUDA_SUCCESS);
+  On(1);
+  Fill(b[4]);
+  EXPECT_EQ(fakecuda_chunk_device(b[4]), FAKECUDA_DEVICE_CPU);
+  EXPECT_EQ(On_(1).remote_accesses, 1u);
+  On(0);
+  Fill(b[4]);  // device 0 has no such mapping: a fault
+  EXPECT_EQ(fakecuda_chunk_device(b[4]), 0);
+  EXPECT_EQ(On_(0).remote_accesses, 0u);
+}
+
+// FAKECUDA_STATS from child processes: the sums under the old keys plus "devices"; two
+// processes that each see one device (CUDA_VISIBLE_DEVICES=0 and =1) report different
+// physical devices.
+TEST_F(FakeCuda, StatsNameEachDeviceAndItsPhysicalOrdinal) {
+  std::string base = "/tmp/fakecuda_test_stats_" + std::to_string(getpid());
+  auto run = [&](const char* visible, const std::string& path, bool launch) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("FAKECUDA_DEVICES", "2", 1);
+      setenv("FAKECUDA_GPU_MEMORY", "8388608", 1);
+      setenv("FAKECUDA_STATS", path.c_str(), 1);
+      if (visible) setenv("CUDA_VISIBLE_DEVICES", visible, 1);
+      fakecuda_reload_config();  // (this process reads the configuration: it writes the stats)
+      CUcontext ctx = nullptr;
+      CUmodule mod = nullptr;
+      CUfunction fill = nullptr;
+      CUdeviceptr a = 0;
+      int last = visible ? 0 : 1;
+      bool ok = cuDevicePrimaryCtxRetain(&ctx, last) == CUDA_SUCCESS && cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
+                cuModuleLoadData(&mod, "fill_u32(8,8,4)") == CUDA_SUCCESS &&
+                cuModuleGetFunction(&fill, mod, "fill_u32") == CUDA_SUCCESS &&
+                cuMemAllocManaged(&a, 2 << 20, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS;
+      uint64_t count = 16;
+      unsigned value = 1;
+      void* args[] = {&a, &count, &value};
+      CUmemLocation host{CU_MEM_LOCATION_TYPE_HOST, 0};
+      if (ok && launch)
+        ok = cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr) == CUDA_SUCCESS &&
+             cuMemPrefetchAsync_v2(a, 2 << 20, host, 0, nullptr) == CUDA_SUCCESS &&
+             cuLaunchKernel(fill, 1, 1, 1, 1, 1, 1, 0, nullptr, args, nullptr) == CUDA_SUCCESS;
+      std::exit(ok ? 0 : 3);  // exit(), not _exit(): the report is written at exit
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    unlink(path.c_str());
+    return text.str();
+  };
+  std::string both = run(nullptr, base + "-both.json", true);
+  EXPECT_EQ(both.rfind("{\"gpu_memory\":16777216,\"capacity_chunks\":8,\"resident_chunks\":1,\"launches\":2,"
+                       "\"faults\":1,\"populated\":1,\"prefetched_in\":0,\"prefetched_out\":1,",
+                       0),
+            0u)
+      << both;
+  EXPECT_NE(both.find(",\"devices\":[{\"device\":0,\"physical\":0,\"gpu_memory\":8388608,\"capacity_chunks\":4,"
+                      "\"resident_chunks\":0,\"launches\":0,"),
+            std::string::npos)
+      << both;
+  EXPECT_NE(both.find("{\"device\":1,\"physical\":1,\"gpu_memory\":8388608,\"capacity_chunks\":4,"
+                      "\"resident_chunks\":1,\"launches\":2,\"faults\":1,\"populated\":1,\"prefetched_in\":0,"
+                      "\"prefetched_out\":1,\"driver_evictions\":0,\"late_prefetches\":0,\"remote_accesses\":0,"
+                      "\"discarded\":0,\"from_peer\":0,\"resident_bytes\":2097152}]}\n"),
+            std::string::npos)
+      << both;
+  std::string first = run("0", base + "-0.json", false), second = run("1", base + "-1.json", false);
+  EXPECT_NE(first.find("\"devices\":[{\"device\":0,\"physical\":0,"), std::string::npos) << first;
+  EXPECT_NE(second.find("\"devices\":[{\"device\":0,\"physical\":1,"), std::string::npos) << second;
+  EXPECT_EQ(second.find("\"device\":1"), std::string::npos) << second;  // one device visible
+}
+
+#ifdef FAKECUDA_HAVE_CUPTI
+// The fake CUPTI's records name the devices involved: the kernel's deviceId, a page fault's
+// srcId (the faulting GPU), a transfer's srcId and dstId (the CPU is 0); GPU to GPU is DTOD.
+std::vector<unsigned char>& cupti_records() {
+  static std::vector<unsigned char> r;
+  return r;
+}
+void CUPTIAPI cupti_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = 1 << 16;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+  *max_records = 0;
+}
+void CUPTIAPI cupti_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  cupti_records().insert(cupti_records().end(), buffer, buffer + valid);
+  std::free(buffer);
+}
+
+TEST_F(FakeMultiResidency, CuptiRecordsCarryTheirDevices) {
+  void* h = dlopen(FAKECUDA_DIR "/cupti/libcupti.so.13", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << dlerror();
+  auto reg = reinterpret_cast<decltype(&cuptiActivityRegisterCallbacks)>(dlsym(h, "cuptiActivityRegisterCallbacks"));
+  auto enable = reinterpret_cast<decltype(&cuptiActivityEnable)>(dlsym(h, "cuptiActivityEnable"));
+  auto disable = reinterpret_cast<decltype(&cuptiActivityDisable)>(dlsym(h, "cuptiActivityDisable"));
+  auto configure = reinterpret_cast<decltype(&cuptiActivityConfigureUnifiedMemoryCounter)>(
+      dlsym(h, "cuptiActivityConfigureUnifiedMemoryCounter"));
+  auto flush = reinterpret_cast<decltype(&cuptiActivityFlushAll)>(dlsym(h, "cuptiActivityFlushAll"));
+  auto next = reinterpret_cast<decltype(&cuptiActivityGetNextRecord)>(dlsym(h, "cuptiActivityGetNextRecord"));
+  ASSERT_TRUE(reg && enable && disable && configure && flush && next);
+  CUpti_ActivityUnifiedMemoryCounterConfig config[4] = {};
+  const CUpti_ActivityUnifiedMemoryCounterKind kinds[4] = {
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT, CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD,
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH,
+      CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD};
+  for (int i = 0; i < 4; ++i) {
+    config[i].scope = CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_SCOPE_PROCESS_ALL_DEVICES;
+    config[i].kind = kinds[i];
+    config[i].enable = 1;
+  }
+  ASSERT_EQ(configure(config, 4), CUPTI_SUCCESS);
+  ASSERT_EQ(reg(cupti_requested, cupti_completed), CUPTI_SUCCESS);
+  ASSERT_EQ(enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER), CUPTI_SUCCESS);
+  ASSERT_EQ(enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), CUPTI_SUCCESS);
+  cupti_records().clear();
+
+  CUdeviceptr a = Block();
+  PrefetchTo(a, -1);  // fresh: populated on the CPU, nothing moves
+  PrefetchTo(a, 1);   // CPU -> device 1
+  Fill(a);            // on device 0: fault, device 1 -> device 0
+  On(1);
+  Fill(a);            // on device 1: fault, device 0 -> device 1
+  PrefetchTo(a, -1);  // device 1 -> CPU
+  ASSERT_EQ(flush(0), CUPTI_SUCCESS);
+  disable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER);
+  disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  fakecuda_set_activity_sink(nullptr);
+
+  std::vector<std::string> seen;
+  CUpti_Activity* r = nullptr;
+  uint8_t* buf = cupti_records().data();
+  while (!cupti_records().empty() && next(buf, cupti_records().size(), &r) == CUPTI_SUCCESS) {
+    if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      seen.push_back("kernel " + std::to_string(reinterpret_cast<CUpti_ActivityKernel10*>(r)->deviceId));
+    } else if (r->kind == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER) {
+      auto* u = reinterpret_cast<CUpti_ActivityUnifiedMemoryCounter3*>(r);
+      EXPECT_EQ(u->address, a);
+      const char* name = u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT       ? "fault"
+                         : u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD ? "htod"
+                         : u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH ? "dtoh"
+                         : u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOD ? "dtod"
+                                                                                                               : "?";
+      std::string line = std::string(name) + " " + std::to_string(u->srcId);
+      if (u->counterKind != CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT)
+        line += ">" + std::to_string(u->dstId);
+      seen.push_back(line);
+    }
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"htod 0>1", "fault 0", "dtod 1>0", "kernel 0", "fault 1", "dtod 0>1",
+                                            "kernel 1", "dtoh 1>0"}));
+}
+#endif  // FAKECUDA_HAVE_CUPTI
 
 }  // namespace

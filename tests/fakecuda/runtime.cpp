@@ -37,8 +37,10 @@ struct Driver {
   decltype(&::cuInit) Init = nullptr;
   decltype(&::cuDriverGetVersion) DriverGetVersion = nullptr;
   decltype(&::cuDeviceGetCount) DeviceGetCount = nullptr;
+  decltype(&::cuDeviceGet) DeviceGet = nullptr;
   decltype(&::cuDevicePrimaryCtxRetain) PrimaryCtxRetain = nullptr;
   decltype(&::cuCtxSetCurrent) CtxSetCurrent = nullptr;
+  decltype(&::cuCtxGetDevice_v2) CtxGetDevice = nullptr;  // "cuCtxGetDevice" at 13000: the (device, ctx) ABI
   decltype(&::cuCtxSynchronize) CtxSynchronize = nullptr;
   decltype(&::cuMemAlloc_v2) MemAlloc = nullptr;
   decltype(&::cuMemAllocPitch_v2) MemAllocPitch = nullptr;
@@ -67,6 +69,11 @@ struct Driver {
 };
 
 Driver g_driver;
+// cudaSetDevice: each device's primary context, retained once per process, as the runtime
+// does (CUDA Runtime API, "Interactions with the CUDA Driver API": the runtime uses the
+// device's primary context).
+std::mutex g_primary_mutex;
+CUcontext g_primaries[64] = {};
 cudaError_t g_init_error = cudaSuccess;
 std::once_flag g_init_once;
 thread_local cudaError_t t_last_error = cudaSuccess;
@@ -83,6 +90,8 @@ cudaError_t to_cuda(CUresult r) {
     case CUDA_ERROR_INVALID_IMAGE: return cudaErrorInvalidKernelImage;
     case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
     case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
+    case CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: return cudaErrorSetOnActiveProcess;
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED: return cudaErrorContextIsDestroyed;
     case CUDA_ERROR_ILLEGAL_STATE: return cudaErrorIllegalState;
     case CUDA_ERROR_NOT_FOUND: return cudaErrorSymbolNotFound;
     case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
@@ -120,9 +129,10 @@ void init() {
   d.GetProcAddress = reinterpret_cast<decltype(d.GetProcAddress)>(gpa);
   const cuuint64_t ptsz = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
   bool ok = resolve(d.Init, "cuInit") && resolve(d.DriverGetVersion, "cuDriverGetVersion") &&
-            resolve(d.DeviceGetCount, "cuDeviceGetCount") &&
+            resolve(d.DeviceGetCount, "cuDeviceGetCount") && resolve(d.DeviceGet, "cuDeviceGet") &&
             resolve(d.PrimaryCtxRetain, "cuDevicePrimaryCtxRetain") &&
-            resolve(d.CtxSetCurrent, "cuCtxSetCurrent") && resolve(d.CtxSynchronize, "cuCtxSynchronize") &&
+            resolve(d.CtxSetCurrent, "cuCtxSetCurrent") && resolve(d.CtxGetDevice, "cuCtxGetDevice") &&
+            resolve(d.CtxSynchronize, "cuCtxSynchronize") &&
             resolve(d.MemAlloc, "cuMemAlloc") && resolve(d.MemAllocPitch, "cuMemAllocPitch") &&
             resolve(d.MemAllocManaged, "cuMemAllocManaged") && resolve(d.MemAllocAsync, "cuMemAllocAsync") &&
             resolve(d.MemAllocAsyncPtsz, "cuMemAllocAsync", ptsz) && resolve(d.MemFree, "cuMemFree") &&
@@ -146,6 +156,7 @@ void init() {
     return;
   }
   if (CUresult r = d.PrimaryCtxRetain(&d.primary, 0); r != CUDA_SUCCESS) g_init_error = to_cuda(r);
+  g_primaries[0] = d.primary;
 }
 
 // Lazy init, then the primary context is made current on this thread (once per thread).
@@ -192,6 +203,9 @@ constexpr ErrorText kErrors[] = {
     {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
     {cudaErrorDeviceUninitialized, "cudaErrorDeviceUninitialized", "invalid device context"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorSetOnActiveProcess, "cudaErrorSetOnActiveProcess",
+     "cannot set while device is active in this process"},
+    {cudaErrorContextIsDestroyed, "cudaErrorContextIsDestroyed", "context is destroyed"},
     {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
     {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
@@ -419,19 +433,47 @@ cudaError_t CUDARTAPI cudaGetLastError(void) {
 }
 cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return t_last_error; }
 
+// Makes the device's primary context current to the calling thread, retaining it the first
+// time ("cudaSetDevice ... Sets device as the current device for the calling host thread";
+// a bad ordinal is cudaErrorInvalidDevice, CUDA Runtime API, Device Management).
 cudaError_t CUDARTAPI cudaSetDevice(int device) {
   if (cudaError_t e = ready(); e != cudaSuccess) return record(e);
-  return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice);
+  int count = 0;
+  if (CUresult r = g_driver.DeviceGetCount(&count); r != CUDA_SUCCESS) return record(to_cuda(r));
+  if (device < 0 || device >= count || device >= 64) return record(cudaErrorInvalidDevice);
+  CUcontext ctx = nullptr;
+  {
+    std::lock_guard lock(g_primary_mutex);
+    if (!g_primaries[device]) {
+      CUdevice dev = 0;
+      if (CUresult r = g_driver.DeviceGet(&dev, device); r != CUDA_SUCCESS) return record(to_cuda(r));
+      if (CUresult r = g_driver.PrimaryCtxRetain(&g_primaries[device], dev); r != CUDA_SUCCESS) {
+        g_primaries[device] = nullptr;
+        return record(to_cuda(r));
+      }
+    }
+    ctx = g_primaries[device];
+  }
+  return record(to_cuda(g_driver.CtxSetCurrent(ctx)));
 }
+// The current context's device (whatever made it current: cudaSetDevice or the driver API).
 cudaError_t CUDARTAPI cudaGetDevice(int* device) {
   if (!device) return record(cudaErrorInvalidValue);
-  if (cudaError_t e = ready(); e != cudaSuccess) return record(e);
-  *device = 0;
-  return cudaSuccess;
+  return call([&] {
+    CUdevice dev = 0;
+    CUresult r = g_driver.CtxGetDevice(&dev, nullptr);
+    if (r == CUDA_SUCCESS) *device = dev;
+    return r;
+  });
 }
+// The visible devices; none is cudaErrorNoDevice with *count 0 (CUDA Runtime API, Device
+// Management: cudaGetDeviceCount).
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
   if (!count) return record(cudaErrorInvalidValue);
-  return call([&] { return g_driver.DeviceGetCount(count); });
+  *count = 0;
+  cudaError_t e = call([&] { return g_driver.DeviceGetCount(count); });
+  if (e == cudaSuccess && *count == 0) return record(cudaErrorNoDevice);
+  return e;
 }
 
 cudaError_t CUDARTAPI cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {

@@ -122,7 +122,7 @@ TEST(EngineLaunch, DeviceMemoryOutsideShrinksTheBudgetWhileItLives) {
   EXPECT_EQ(f.engine.outside_device_bytes(), 3 * kChunkBytes);
   EXPECT_EQ(f.engine.take_device_memory(Kind::allocation, 0x2000), 2 * kChunkBytes);
   EXPECT_EQ(f.engine.take_device_memory(Kind::allocation, 0x2000), 0u);
-  f.engine.restore_device_memory(Kind::allocation, 0x2000, 2 * kChunkBytes);  // the driver refused the free
+  f.engine.restore_device_memory(Kind::allocation, 0x2000, 2 * kChunkBytes, 0);  // the driver refused the free
   EXPECT_EQ(f.engine.outside_device_bytes(), 3 * kChunkBytes);
   f.engine.note_device_memory(Kind::vmm, 0x9000, 64 * kChunkBytes, 0);
   EXPECT_EQ(f.engine.budget_bytes(), 0u) << "never below 0";
@@ -135,6 +135,161 @@ TEST(EngineLaunch, DeviceMemoryOutsideShrinksTheBudgetWhileItLives) {
   Stats s = f.engine.stats();
   EXPECT_EQ(s.outside_device_peak_bytes, 67 * kChunkBytes);
   EXPECT_EQ(s.start_budget_bytes, budget);
+}
+
+// Several GPUs (issue 15 item 1): a Backend whose current device the test sets, each device
+// with its own memory; it records the device each prefetch goes to.
+class TwoDeviceBackend final : public test_support::InstantBackend {
+ public:
+  struct Move {
+    std::uint64_t addr, bytes;
+    Location to;
+    int device;
+  };
+  TwoDeviceBackend(std::uint64_t gpu0_bytes, std::uint64_t gpu1_bytes) : gpu_{gpu0_bytes, gpu1_bytes} {}
+  Result memory_info(std::uint64_t* free_bytes, std::uint64_t* total_bytes) override {
+    *free_bytes = *total_bytes = gpu_[current];
+    return {};
+  }
+  int current_device() override { return current; }
+  Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) override {
+    moves.push_back({addr, bytes, to, device});
+    return {};
+  }
+  int current = 0;
+  std::vector<Move> moves;
+
+ private:
+  std::uint64_t gpu_[2];
+};
+
+struct TwoDeviceFixture {
+  TwoDeviceFixture(std::uint64_t chunks0, std::uint64_t chunks1)
+      : backend(chunks0 * kChunkBytes, chunks1 * kChunkBytes),
+        engine(Config{}, backend, [this] {
+          auto p = std::make_unique<PlanOnly>();
+          policies.push_back(p.get());
+          return std::unique_ptr<Policy>(std::move(p));
+        }) {}
+  std::uint64_t alloc(int device, std::uint64_t bytes) {
+    backend.current = device;
+    std::uint64_t a = 0;
+    EXPECT_TRUE(engine.allocate(bytes, AllocKind::alloc, 0, &a).ok());
+    return a;
+  }
+  void launch(int device, std::vector<Access> acc) {
+    backend.current = device;
+    Launch l;
+    l.seq = seq++;
+    l.name = "k";
+    l.accesses = acc;
+    l.device = device;
+    engine.launch(l);
+  }
+  // Bytes moved toward `to` on `device` (the host: any device).
+  std::uint64_t moved(Location to, int device) const {
+    std::uint64_t n = 0;
+    for (const auto& m : backend.moves) n += m.to == to && (to == Location::cpu || m.device == device) ? m.bytes : 0;
+    return n;
+  }
+  TwoDeviceBackend backend;
+  std::vector<PlanOnly*> policies;  // the factory's instances, in the order it made them
+  Engine engine;
+  std::uint64_t seq = 0;
+};
+
+TEST(EngineDevices, EachDevicePlansItsOwnBudgetWithItsOwnPolicy) {
+  TwoDeviceFixture f(4, 8);
+  const std::uint64_t a = f.alloc(0, 6 * kChunkBytes), b = f.alloc(1, 6 * kChunkBytes);
+  EXPECT_TRUE(f.engine.plans_device(0));
+  EXPECT_TRUE(f.engine.plans_device(1));
+  EXPECT_EQ(f.engine.budget_bytes(0), 4 * kChunkBytes);
+  EXPECT_EQ(f.engine.budget_bytes(1), 8 * kChunkBytes);
+  EXPECT_EQ(f.engine.budget_bytes(), 12 * kChunkBytes);
+  f.launch(0, {{a, 3 * kChunkBytes, false}});
+  f.launch(1, {{b, 6 * kChunkBytes, false}});
+  EXPECT_EQ(f.moved(Location::gpu, 0), 3 * kChunkBytes);
+  EXPECT_EQ(f.moved(Location::gpu, 1), 6 * kChunkBytes) << "device 1's budget holds all of b: nothing of device 0's counts";
+  EXPECT_EQ(f.moved(Location::cpu, 0), 0u);
+  f.launch(0, {{a + 3 * kChunkBytes, 3 * kChunkBytes, false}});
+  EXPECT_EQ(f.engine.planned_resident_chunks(0), 4u) << "device 0 keeps within its own 4 chunks";
+  EXPECT_EQ(f.engine.planned_resident_chunks(1), 6u);
+  EXPECT_EQ(f.moved(Location::cpu, 0), 2 * kChunkBytes);
+  ASSERT_EQ(f.policies.size(), 2u) << "one Policy instance per device";
+  EXPECT_FALSE(f.policies[0]->events.empty());
+  EXPECT_EQ(f.policies[1]->events.size(), 6u) << "device 1's Policy sees only device 1's residency";
+
+  Stats s = f.engine.stats();
+  ASSERT_EQ(s.devices.size(), 2u);
+  EXPECT_EQ(s.devices[0].device, 0);
+  EXPECT_EQ(s.devices[1].device, 1);
+  EXPECT_EQ(s.devices[0].launches, 2u);
+  EXPECT_EQ(s.devices[1].launches, 1u);
+  EXPECT_EQ(s.devices[0].prefetch_to_gpu_bytes, 6 * kChunkBytes);
+  EXPECT_EQ(s.devices[1].prefetch_to_gpu_bytes, 6 * kChunkBytes);
+  EXPECT_EQ(s.devices[0].evict_to_cpu_bytes, 2 * kChunkBytes);
+  EXPECT_EQ(s.devices[1].evict_to_cpu_bytes, 0u);
+  EXPECT_EQ(s.devices[0].live_block_bytes, 6 * kChunkBytes);
+  EXPECT_EQ(s.devices[1].live_block_bytes, 6 * kChunkBytes);
+  EXPECT_EQ(s.devices[0].resident_chunks, 4u);
+  EXPECT_EQ(s.prefetch_to_gpu_bytes, 12 * kChunkBytes) << "the totals are the sums";
+  EXPECT_EQ(s.launches_other_device, 0u);
+}
+
+TEST(EngineDevices, ABlockUsedFromAnotherDeviceMovesThereAndLeavesTheFirstPlan) {
+  TwoDeviceFixture f(8, 8);
+  const std::uint64_t a = f.alloc(0, 2 * kChunkBytes);
+  f.launch(0, {{a, 2 * kChunkBytes, false}});
+  EXPECT_TRUE(f.engine.planned_resident_on(chunk_of(a), 0));
+  f.launch(1, {{a, 2 * kChunkBytes, false}});  // device 1 opens its plan now
+  EXPECT_EQ(f.moved(Location::gpu, 1), 2 * kChunkBytes) << "fetched to the launching device";
+  EXPECT_FALSE(f.engine.planned_resident_on(chunk_of(a), 0)) << "a chunk is planned on one device at most";
+  EXPECT_TRUE(f.engine.planned_resident_on(chunk_of(a), 1));
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 2u);
+  f.launch(0, {{a, kChunkBytes, false}});
+  EXPECT_TRUE(f.engine.planned_resident_on(chunk_of(a), 0));
+  EXPECT_FALSE(f.engine.planned_resident_on(chunk_of(a), 1));
+  EXPECT_EQ(f.moved(Location::gpu, 0), 3 * kChunkBytes);
+  // A free takes the block's chunks out of every plan.
+  bool ours = false;
+  ASSERT_TRUE(f.engine.release(a, std::nullopt, &ours).ok());
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 0u);
+  Stats s = f.engine.stats();
+  EXPECT_EQ(s.devices[0].live_block_bytes, 0u);
+}
+
+TEST(EngineDevices, OutsideMemoryShrinksOnlyItsOwnDevicesBudget) {
+  using Kind = Engine::DeviceMemory;
+  TwoDeviceFixture f(8, 8);
+  f.alloc(0, kChunkBytes);
+  f.engine.note_device_memory(Kind::allocation, 0x1000, 2 * kChunkBytes, 1);  // no plan on device 1 yet
+  EXPECT_EQ(f.engine.outside_device_bytes(), 0u);
+  f.alloc(1, kChunkBytes);
+  f.engine.note_device_memory(Kind::allocation, 0x2000, 3 * kChunkBytes, 1);
+  EXPECT_EQ(f.engine.budget_bytes(0), 8 * kChunkBytes);
+  EXPECT_EQ(f.engine.budget_bytes(1), 5 * kChunkBytes);
+  int device = -1;
+  EXPECT_EQ(f.engine.take_device_memory(Kind::allocation, 0x2000, &device), 3 * kChunkBytes);
+  EXPECT_EQ(device, 1);
+  EXPECT_EQ(f.engine.budget_bytes(1), 8 * kChunkBytes);
+  f.engine.restore_device_memory(Kind::allocation, 0x2000, 3 * kChunkBytes, device);
+  Stats s = f.engine.stats();
+  EXPECT_EQ(s.devices[1].outside_device_bytes, 3 * kChunkBytes);
+  EXPECT_EQ(s.devices[0].outside_device_bytes, 0u);
+}
+
+TEST(EngineDevices, ALaunchOnADeviceThatIsNotCurrentOpensNoPlan) {
+  TwoDeviceFixture f(8, 8);
+  const std::uint64_t a = f.alloc(0, kChunkBytes);
+  std::vector<Access> acc{{a, kChunkBytes, false}};
+  Launch l;
+  l.name = "k";
+  l.accesses = acc;
+  l.device = 1;  // but device 0 is current: device 1's facts cannot be read
+  f.engine.launch(l);
+  EXPECT_FALSE(f.engine.plans_device(1));
+  EXPECT_TRUE(f.backend.moves.empty());
+  EXPECT_EQ(f.engine.stats().launches_other_device, 1u);
 }
 
 TEST(EngineLaunch, RunsAreSplitAtBlockBoundariesAndClippedToBlocks) {

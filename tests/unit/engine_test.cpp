@@ -431,6 +431,36 @@ TEST(Report, JsonHasEveryFigure) {
   EXPECT_NE(table.find("allocations redirected"), std::string::npos) << table;
   EXPECT_NE(table.find("11"), std::string::npos) << table;
   EXPECT_NE(table.find("advise"), std::string::npos) << table;
+  EXPECT_EQ(table.find("device 0"), std::string::npos) << "one device: no per-device rows\n" << table;
+}
+
+TEST(Report, GivesEachDevice) {
+  Stats s;
+  s.policy = "learned";
+  DeviceStats d0, d1;
+  d0.device = 0;
+  d0.launches = 5;
+  d0.budget_bytes = 100;
+  d0.prefetch_to_gpu_bytes = 7;
+  d1.device = 3;
+  d1.launches = 9;
+  d1.evict_to_cpu_bytes = 11;
+  d1.resident_chunks = 2;
+  s.devices = {d0, d1};
+  nlohmann::json j = stats_json(s);
+  ASSERT_EQ(j["devices"].size(), 2u);
+  EXPECT_EQ(j["devices"][0]["device"], 0);
+  EXPECT_EQ(j["devices"][0]["launches"], 5);
+  EXPECT_EQ(j["devices"][0]["bytes"]["budget"], 100);
+  EXPECT_EQ(j["devices"][0]["bytes"]["prefetched_to_gpu"], 7);
+  EXPECT_EQ(j["devices"][1]["device"], 3);
+  EXPECT_EQ(j["devices"][1]["launches"], 9);
+  EXPECT_EQ(j["devices"][1]["bytes"]["evicted_to_host"], 11);
+  EXPECT_EQ(j["devices"][1]["resident_chunks"], 2);
+  std::string table = stats_table(s);
+  EXPECT_NE(table.find("device 0"), std::string::npos) << table;
+  EXPECT_NE(table.find("device 3"), std::string::npos) << table;
+  EXPECT_NE(table.find("9 launches"), std::string::npos) << table;
 }
 
 TEST(Report, WriteReportWritesJsonAndNamesTheFileOnError) {

@@ -166,6 +166,24 @@ class Engine::Residency final : public VictimQuery {
   std::uint32_t head_ = kNil, tail_ = kNil;
 };
 
+// One device's plan (engine.h, "One plan per device"). Its Policy and residency are guarded
+// by the Engine's mutex_, like `counters`; the rest is atomic.
+struct Engine::DevicePlan {
+  int device = 0;
+  std::unique_ptr<Policy> policy;
+  Residency residency;
+  std::atomic<std::uint64_t> start_budget{0};
+  std::atomic<std::uint64_t> physical_total{0};
+  std::atomic<std::uint64_t> outside_bytes{0};
+  std::atomic<std::uint64_t> outside_peak{0};
+  std::atomic<std::uint64_t> live_bytes{0};  // the live blocks allocated on it
+  DeviceStats counters;                      // the moves and launches; guarded by mutex_
+  std::uint64_t budget() const {
+    const std::uint64_t b = start_budget.load(std::memory_order_relaxed), o = outside_bytes.load(std::memory_order_relaxed);
+    return b > o ? b - o : 0;
+  }
+};
+
 namespace {
 // The calling thread's own sections in progress, per slot: a free made on a thread inside a
 // section (exit() from a signal handler that interrupted one, then a free at exit) must not
@@ -232,7 +250,7 @@ void Engine::wait_for_issuers() {
   }
 }
 
-void Engine::send_checked(const Action& a, int device) {
+void Engine::send_checked(const Action& a, int device, DevicePlan* plan) {
   // One call per live block the range overlaps, clipped to it: nothing of a block freed
   // meanwhile, nothing outside blocks.
   const std::uint64_t end = a.addr + a.bytes < a.addr ? ~0ull : a.addr + a.bytes;
@@ -247,7 +265,7 @@ void Engine::send_checked(const Action& a, int device) {
       piece.bytes = std::min(end, b->end()) - piece.addr;
       r = send(backend_, piece, device);
     }
-    count_action(piece, r);
+    count_action(plan, piece, r);
     addr = piece.addr + piece.bytes;
   }
 }
@@ -294,31 +312,132 @@ void Engine::drop_stale_claim(std::uint64_t addr) {
 }
 
 Engine::Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy)
-    : config_(std::move(config)), backend_(backend), policy_(std::move(policy)), residency_(std::make_unique<Residency>()) {
-  counters_.policy = std::string(policy_->name());
-  policy_sees_allocations_ = policy_->sees_allocations();
-  policy_manages_residency_ = policy_->manages_residency();
-  wants_faults_ = policy_->wants_faults() && config_.fault_feedback;
+    : first_policy_(std::move(policy)), config_(std::move(config)), backend_(backend) {
+  init_policy_facts(*first_policy_);
+}
+
+Engine::Engine(Config config, Backend& backend, PolicyFactory make_policy)
+    : make_policy_(std::move(make_policy)), first_policy_(make_policy_()), config_(std::move(config)), backend_(backend) {
+  init_policy_facts(*first_policy_);
+}
+
+void Engine::init_policy_facts(const Policy& policy) {
+  policy_name_ = std::string(policy.name());
+  counters_.policy = policy_name_;
+  policy_sees_allocations_ = policy.sees_allocations();
+  policy_manages_residency_ = policy.manages_residency();
+  policy_wants_faults_ = policy.wants_faults();
+  wants_faults_ = policy_wants_faults_ && config_.fault_feedback;
   counters_.state_budget_bytes = config_.state_memory;
-  policy_->limit_state(config_.state_memory);
+  first_policy_->limit_state(config_.state_memory);
+  seq_devices_.assign(kSeqDevices, {0, 0});
+}
+
+Engine::DevicePlan* Engine::plan_of(int device) const {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  return plans_[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
+}
+
+bool Engine::plans_device(int device) const { return plan_of(device) != nullptr; }
+
+template <class F>
+void Engine::for_each_plan(F&& fn) const {
+  if (plan_count_.load(std::memory_order_acquire) == 0) return;
+  for (const auto& slot : plans_) {
+    if (DevicePlan* p = slot.load(std::memory_order_acquire)) fn(*p);
+  }
+}
+
+std::unique_ptr<Engine::DevicePlan> Engine::read_plan(int device, std::unique_ptr<Policy> policy) {
+  if (!backend_.concurrent_managed_access()) {
+    log(LogLevel::warn,
+        "device {} cannot page managed memory on demand (no concurrent managed access: "
+        "WSL2, Windows or a pre-Pascal GPU); its allocations pass through unchanged", device);
+    return nullptr;
+  }
+  std::uint64_t free_bytes = 0, total_bytes = 0;
+  Result r = backend_.memory_info(&free_bytes, &total_bytes);
+  if (!r.ok()) {
+    log(LogLevel::warn, "cannot read device {}'s memory size (driver error {}); its allocations pass through unchanged",
+        device, r.native);
+    return nullptr;
+  }
+  auto plan = std::make_unique<DevicePlan>();
+  plan->device = device;
+  plan->counters.device = device;
+  plan->policy = std::move(policy);
+  const std::uint64_t budget = planned_budget_bytes(config_, free_bytes, total_bytes);
+  plan->start_budget.store(budget);
+  plan->physical_total.store(total_bytes);
+  log(LogLevel::info, "device {}: policy {}, GPU budget {} of {} ({} free)", device, plan->policy->name(),
+      format_bytes(budget), format_bytes(total_bytes), format_bytes(free_bytes));
+  return plan;
+}
+
+Engine::DevicePlan* Engine::open_plan(int device) {
+  if (DevicePlan* p = plan_of(device); p != nullptr || device < 0 || device >= kMaxDevices) return p;
+  if (!make_policy_ || start_state_.load(std::memory_order_acquire) != 1) return nullptr;
+  std::lock_guard lock(plans_mutex_);
+  const auto slot = static_cast<std::size_t>(device);
+  if (DevicePlan* p = plans_[slot].load(std::memory_order_acquire); p != nullptr || plan_failed_[slot]) return p;
+  // (The device's facts are read from the current context: only the current device opens.)
+  if (backend_.current_device() != device) return nullptr;
+  std::unique_ptr<Policy> policy;
+  std::unique_ptr<DevicePlan> plan;
+  try {
+    policy = make_policy_();
+    policy->limit_state(config_.state_memory);
+    plan = read_plan(device, std::move(policy));
+    if (plan) owned_plans_.push_back(std::move(plan));
+  } catch (...) {
+    SPILLWAY_LOG_ONCE(LogLevel::warn, "cannot open the plan of device {} (out of memory); its allocations pass through", device);
+    plan.reset();
+  }
+  if (owned_plans_.empty() || owned_plans_.back()->device != device) {
+    plan_failed_[slot] = true;
+    return nullptr;
+  }
+  DevicePlan* p = owned_plans_.back().get();
+  plans_[slot].store(p, std::memory_order_release);
+  plan_count_.fetch_add(1, std::memory_order_release);
+  return p;
+}
+
+std::uint64_t Engine::budget_bytes(int device) const {
+  const DevicePlan* p = plan_of(device);
+  return p == nullptr ? 0 : p->budget();
+}
+
+std::uint64_t Engine::budget_bytes() const {
+  std::uint64_t sum = 0;
+  for_each_plan([&](const DevicePlan& p) { sum += p.budget(); });
+  return sum;
 }
 
 std::uint64_t Engine::own_state_bytes_locked() const {
-  return table_.state_bytes() + residency_->state_bytes() + vector_heap_bytes(pending_) +
-         vector_heap_bytes(missing_scratch_) + vector_heap_bytes(faults_scratch_) + sub_state_bytes_.load(std::memory_order_relaxed);
+  std::uint64_t residency = 0;
+  for_each_plan([&](const DevicePlan& p) { residency += p.residency.state_bytes(); });
+  return table_.state_bytes() + residency + vector_heap_bytes(pending_) + vector_heap_bytes(missing_scratch_) +
+         vector_heap_bytes(faults_scratch_) + vector_heap_bytes(device_faults_scratch_) + vector_heap_bytes(seq_devices_) +
+         sub_state_bytes_.load(std::memory_order_relaxed);
 }
 
 void Engine::account_state_locked() {
   // The Engine's tables change with allocations, not launches: re-read every 64 launches
   // (the sub-allocator's only when its lock is free: never wait for it here).
+  std::uint64_t policies = 0;
   if ((counters_.launches & 63) == 1) {
     if (std::unique_lock sub(sub_mutex_, std::try_to_lock); sub.owns_lock()) sub_state_bytes_.store(sub_.state_bytes(), std::memory_order_relaxed);
     own_state_bytes_ = own_state_bytes_locked();
-    // The policy gets what the tables leave, and at least a quarter of the budget.
+    // The policies get what the tables leave, and at least a quarter of the budget, shared
+    // equally among the devices' plans.
     const std::uint64_t budget = config_.state_memory;
-    policy_->limit_state(std::max(budget > own_state_bytes_ ? budget - own_state_bytes_ : 0, budget / 4));
+    const std::uint64_t share = std::max(budget > own_state_bytes_ ? budget - own_state_bytes_ : 0, budget / 4) /
+                                static_cast<std::uint64_t>(std::max(1, plan_count_.load(std::memory_order_relaxed)));
+    for_each_plan([&](DevicePlan& p) { p.policy->limit_state(share); });
   }
-  const std::uint64_t now = own_state_bytes_ + policy_->state_bytes();
+  for_each_plan([&](const DevicePlan& p) { policies += p.policy->state_bytes(); });
+  const std::uint64_t now = own_state_bytes_ + policies;
   if (now > counters_.state_peak_bytes) {
     counters_.state_peak_bytes = now;
     if (now > config_.state_memory && !state_over_logged_) {
@@ -333,31 +452,25 @@ Engine::~Engine() = default;
 
 bool Engine::start() {
   std::call_once(start_once_, [this] {
-    if (!backend_.concurrent_managed_access()) {
-      log(LogLevel::warn,
-          "this device cannot page managed memory on demand (no concurrent managed access: "
-          "WSL2, Windows or a pre-Pascal GPU); allocations pass through unchanged");
-      start_state_.store(2);
-      return;
+    const int device = backend_.current_device();
+    std::unique_ptr<DevicePlan> plan;
+    {
+      std::lock_guard lock(plans_mutex_);
+      if (device >= 0 && device < kMaxDevices) plan = read_plan(device, std::move(first_policy_));
+      if (!plan) {
+        start_state_.store(2);
+        return;
+      }
+      owned_plans_.push_back(std::move(plan));
     }
-    std::uint64_t free_bytes = 0, total_bytes = 0;
-    Result r = backend_.memory_info(&free_bytes, &total_bytes);
-    if (!r.ok()) {
-      log(LogLevel::warn, "cannot read the GPU's memory size (driver error {}); allocations pass through unchanged",
-          r.native);
-      start_state_.store(2);
-      return;
-    }
-    device_ = backend_.current_device();
-    std::uint64_t budget = planned_budget_bytes(config_, free_bytes, total_bytes);
+    device_ = device;
     std::uint64_t cap = managed_cap_bytes(config_, backend_.host_memory_bytes());
-    budget_.store(budget);
     max_managed_.store(cap);
-    physical_total_.store(total_bytes);
     suballocate_.store(config_.suballocator && backend_.supports_fences());
+    plans_[static_cast<std::size_t>(device)].store(owned_plans_.back().get(), std::memory_order_release);
+    plan_count_.store(1, std::memory_order_release);
     start_state_.store(1);
-    log(LogLevel::info, "policy {}, GPU budget {} of {} ({} free), managed cap {}", policy_->name(),
-        format_bytes(budget), format_bytes(total_bytes), format_bytes(free_bytes), format_bytes(cap));
+    log(LogLevel::info, "policy {}, managed cap {}", policy_name_, format_bytes(cap));
   });
   return start_state_.load() == 1;
 }
@@ -382,6 +495,10 @@ void Engine::unreserve(std::uint64_t bytes) { managed_bytes_.fetch_sub(bytes, st
 Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream, std::uint64_t* addr) {
   if (bytes == 0 || addr == nullptr) return Result{Status::invalid_value, 0};
   if (!usable()) return Result{Status::not_supported, 0};
+  // The block belongs to the current device: its plan (opened now if it has none).
+  const int device = backend_.current_device();
+  DevicePlan* plan = open_plan(device);
+  if (plan == nullptr) return Result{Status::not_supported, 0};
   if (has_pending_.load(std::memory_order_relaxed)) reclaim(false);
   const bool sub = suballocate_.load(std::memory_order_relaxed);
   auto refuse = [&] {  // over SPILLWAY_MAX_MANAGED
@@ -393,7 +510,8 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   };
   std::uint64_t base = 0;
   if (sub) {
-    Result r = sub_allocate(bytes, stream, &base);
+    // (Blocks of one stream fill the same slabs; a device's default streams are its own.)
+    Result r = sub_allocate(bytes, stream ^ (static_cast<StreamHandle>(device) << 56), &base);
     if (!r.ok()) return r.status == Status::out_of_memory && r.native == 0 ? refuse() : r;
   } else {
     if (!reserve(bytes)) {
@@ -408,12 +526,14 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   }
   // The driver has freed a block here, and its releaser may not have dropped its claim yet.
   if (releasing_count_.load() != 0) drop_stale_claim(base);
-  Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device_, sub};
+  Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device, sub};
   if (!table_.insert(block)) {
     // The driver handed out a range we still hold: our table is wrong. Keep the program
     // running with the memory it asked for, but stop tracking this block.
     SPILLWAY_LOG_ONCE(LogLevel::error, "internal error: managed block at {:#x} overlaps a tracked block", base);
     if (!sub) unreserve(bytes);
+  } else {
+    plan->live_bytes.fetch_add(bytes, std::memory_order_relaxed);
   }
   *addr = base;
   for (std::uint64_t lo = lo_.load(std::memory_order_relaxed); base < lo && !lo_.compare_exchange_weak(lo, base);) {
@@ -575,63 +695,99 @@ void Engine::run_policy_alloc(const Block& block) {
   note_over_budget();
   if (!policy_sees_allocations_ && observer_.load(std::memory_order_acquire) == nullptr) return;
   EngineActions actions;
+  DevicePlan* owner = plan_of(block.device);
   {
     std::lock_guard lock(mutex_);
     if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_alloc(block);
-    policy_->on_alloc(block, actions);
+    if (policy_sees_allocations_) {
+      // Every plan's Policy knows the block (a launch on any device may use it); only its own
+      // device's requests are carried out.
+      for_each_plan([&](DevicePlan& p) {
+        EngineActions ignored;
+        p.policy->on_alloc(block, &p == owner ? actions : ignored);
+      });
+    }
   }
-  for (const Action& a : actions.list) send_checked(a, block.device);  // (the block may be freed already)
+  for (const Action& a : actions.list) send_checked(a, block.device, owner);  // (the block may be freed already)
 }
 
-void Engine::count_action(const Action& a, const Result& r) {
+void Engine::count_move(DevicePlan& plan, Location to, std::uint64_t bytes, const Result& r) {
+  if (!r.ok()) {
+    ++counters_.backend_errors;
+  } else if (to == Location::gpu) {
+    counters_.prefetch_to_gpu_bytes += bytes;
+    plan.counters.prefetch_to_gpu_bytes += bytes;
+  } else {
+    counters_.evict_to_cpu_bytes += bytes;
+    plan.counters.evict_to_cpu_bytes += bytes;
+  }
+}
+
+void Engine::count_action(DevicePlan* plan, const Action& a, const Result& r) {
   std::lock_guard lock(mutex_);
-  if (!r.ok()) ++counters_.backend_errors;
-  else if (a.kind == Action::Kind::advise) ++counters_.advise_calls;
-  else if (a.where == Location::gpu) counters_.prefetch_to_gpu_bytes += a.bytes;
-  else counters_.evict_to_cpu_bytes += a.bytes;
+  if (!r.ok() || a.kind != Action::Kind::advise) {
+    if (plan != nullptr) count_move(*plan, a.where, a.bytes, r);
+    else if (!r.ok()) ++counters_.backend_errors;
+    return;
+  }
+  ++counters_.advise_calls;
 }
 
 void Engine::run_policy_free(const Block& block) {
+  if (DevicePlan* owner = plan_of(block.device)) owner->live_bytes.fetch_sub(block.bytes, std::memory_order_relaxed);
   if (!policy_sees_allocations_ && !policy_manages_residency_ && observer_.load(std::memory_order_acquire) == nullptr) return;
   EngineActions actions;  // a policy may not move a dying block; requests are dropped
   std::lock_guard lock(mutex_);
   if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_free(block);
-  policy_->on_free(block, actions);
-  if (!policy_->manages_residency() || residency_->size() == 0) return;
-  // The block's chunks leave the plan (at no cost: the data is dead). A chunk the block
-  // shares with another live block (sub-chunk blocks in the shim) stays.
+  for_each_plan([&](DevicePlan& p) { p.policy->on_free(block, actions); });
+  if (!policy_manages_residency_) return;
+  // The block's chunks leave the plans (at no cost: the data is dead), on whichever device
+  // they are. A chunk the block shares with another live block (sub-chunk blocks in the
+  // shim) stays.
   // (The block has left the table: any block found in the chunk is another.)
   ChunkIndex first = chunk_of(block.base), last = chunk_of(block.end() - 1);
-  for (ChunkIndex c = first; c <= last; ++c) {
-    const bool partial = (c == first && block.base % kChunkBytes != 0) || (c == last && block.end() % kChunkBytes != 0);
-    if (partial && table_.first_overlapping(c * kChunkBytes, (c + 1) * kChunkBytes)) continue;
-    if (residency_->erase(c)) policy_->on_residency(c, false);
-  }
+  for_each_plan([&](DevicePlan& p) {
+    if (p.residency.size() == 0) return;
+    for (ChunkIndex c = first; c <= last; ++c) {
+      const bool partial = (c == first && block.base % kChunkBytes != 0) || (c == last && block.end() % kChunkBytes != 0);
+      if (partial && table_.first_overlapping(c * kChunkBytes, (c + 1) * kChunkBytes)) continue;
+      if (p.residency.erase(c)) p.policy->on_residency(c, false);
+    }
+  });
 }
 
-bool Engine::make_room(std::vector<Move>& moves) {
-  const std::uint64_t budget_chunks = budget_bytes() / kChunkBytes;
-  Residency& r = *residency_;
+bool Engine::make_room(DevicePlan& plan, std::vector<Move>& moves) {
+  const std::uint64_t budget_chunks = plan.budget() / kChunkBytes;
+  Residency& r = plan.residency;
   while (r.size() >= budget_chunks) {
     ChunkIndex victim = 0;
-    bool ok = policy_->choose_victim(r, &victim) && r.contains(victim) && !r.pinned(victim);
+    bool ok = plan.policy->choose_victim(r, &victim) && r.contains(victim) && !r.pinned(victim);
     if (!ok && !r.lru_unpinned(&victim)) return false;
-    plan_eviction(victim, moves);
+    plan_eviction(plan, victim, moves);
   }
   return true;
 }
 
-void Engine::plan_eviction(ChunkIndex c, std::vector<Move>& moves) {
+void Engine::plan_eviction(DevicePlan& plan, ChunkIndex c, std::vector<Move>& moves) {
   Move m{c, Location::cpu};
-  residency_->erase(c, &m.base, &m.end);
-  policy_->on_residency(c, false);
+  plan.residency.erase(c, &m.base, &m.end);
+  plan.policy->on_residency(c, false);
   moves.push_back(m);
   ++counters_.evicted_chunks;
+  ++plan.counters.evicted_chunks;
 }
 
-void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves,
+void Engine::leave_other_plans(const DevicePlan& plan, ChunkIndex c) {
+  if (plan_count_.load(std::memory_order_relaxed) < 2) return;
+  for_each_plan([&](DevicePlan& p) {
+    if (&p != &plan && p.residency.erase(c)) p.policy->on_residency(c, false);
+  });
+}
+
+void Engine::plan_launch(DevicePlan& plan, const Launch& launch, const EngineActions& actions, std::vector<Move>& moves,
                          std::vector<ChunkIndex>* held) {
-  Residency& r = *residency_;
+  Residency& r = plan.residency;
+  Policy& policy = *plan.policy;
   ++r.epoch;
   auto for_chunks = [](std::uint64_t addr, std::uint64_t bytes, auto&& fn) {
     if (bytes == 0) return;
@@ -654,7 +810,7 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
   for (const Action& a : actions.list) {
     if (a.kind != Action::Kind::prefetch || a.where != Location::cpu) continue;
     for_chunks(a.addr, a.bytes, [&](ChunkIndex c) {
-      if (r.contains(c) && !r.pinned(c)) plan_eviction(c, moves);
+      if (r.contains(c) && !r.pinned(c)) plan_eviction(plan, c, moves);
       return true;
     });
   }
@@ -662,8 +818,9 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
   // `block`, when known, is the live block the chunk belongs to.
   auto fetch = [&](ChunkIndex c, const Block* block, bool hold_it) {
     if (r.touch_pin(c, hold_it)) return true;
-    if (!make_room(moves)) {
+    if (!make_room(plan, moves)) {
       ++counters_.dropped_prefetch_chunks;
+      ++plan.counters.dropped_prefetch_chunks;
       return false;
     }
     Move m{c, Location::gpu};
@@ -671,10 +828,12 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
       m.base = block->base;
       m.end = block->end();
     }
+    leave_other_plans(plan, c);
     r.insert_pinned(c, m.base, m.end, hold_it);
-    policy_->on_residency(c, true);
+    policy.on_residency(c, true);
     moves.push_back(m);
     ++counters_.prefetched_chunks;
+    ++plan.counters.prefetched_chunks;
     return true;
   };
   // A chunk the Policy leaves where it is (it advised remote access for it) is not fetched.
@@ -688,7 +847,7 @@ void Engine::plan_launch(const Launch& launch, const EngineActions& actions, std
     if (access == failed) continue;
     // (touch_pin: a chunk may appear twice)
     if (!r.touch_pin(c, hold)) {
-      if (policy_->leave_remote(c)) continue;
+      if (policy.leave_remote(c)) continue;
       const std::uint64_t addr = std::max(launch.accesses[access].addr, c * kChunkBytes);
       if (!b || !b->contains(addr)) b = table.find(addr);
       if (!fetch(c, b ? &*b : nullptr, hold)) {
@@ -715,11 +874,12 @@ std::uint64_t Engine::frees_at_plan() const {
   return started == done ? started : kFreeInProgress;
 }
 
-void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned,
+void Engine::carry_out(DevicePlan& plan, const EngineActions& actions, const std::vector<Move>& moves, bool planned,
                        std::uint64_t frees_at_plan) {
+  const int device = plan.device;
   for (const Action& a : actions.list) {
     if (planned && a.kind == Action::Kind::prefetch) continue;  // went through the plan
-    send_checked(a, device_);
+    send_checked(a, device, &plan);
   }
   // Runs of adjacent chunks moving the same way become one Backend call, clipped to the
   // block that holds them. A run is cut where the block its moves know changes (it would be
@@ -754,11 +914,9 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
     const std::uint64_t end = (moves[j - 1].chunk + 1) * kChunkBytes;
     IssueSection section(*this);  // the checks below hold until the calls are made
     if (one_block && moves[i].base <= addr && moves[i].end >= end && frees_started_.load() == frees_at_plan) {
-      Result r = backend_.prefetch(addr, end - addr, moves[i].to, device_);
+      Result r = backend_.prefetch(addr, end - addr, moves[i].to, device);
       std::lock_guard lock(mutex_);
-      if (!r.ok()) ++counters_.backend_errors;
-      else if (moves[i].to == Location::gpu) counters_.prefetch_to_gpu_bytes += end - addr;
-      else counters_.evict_to_cpu_bytes += end - addr;
+      count_move(plan, moves[i].to, end - addr, r);
       i = j;
       continue;
     }
@@ -775,12 +933,10 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
         b = tail;
       }
       const std::uint64_t piece = std::min(end, b->end()) - addr;
-      Result r = backend_.prefetch(addr, piece, moves[i].to, device_);
+      Result r = backend_.prefetch(addr, piece, moves[i].to, device);
       {
         std::lock_guard lock(mutex_);
-        if (!r.ok()) ++counters_.backend_errors;
-        else if (moves[i].to == Location::gpu) counters_.prefetch_to_gpu_bytes += piece;
-        else counters_.evict_to_cpu_bytes += piece;
+        count_move(plan, moves[i].to, piece, r);
       }
       addr += piece;
     }
@@ -791,15 +947,19 @@ void Engine::carry_out(const EngineActions& actions, const std::vector<Move>& mo
 void Engine::launch(const Launch& launch) { run_launch(launch, false); }
 
 Engine::LaunchInFlight Engine::launch_in_flight(const Launch& launch) {
-  const std::uint64_t epoch = run_launch(launch, true);
-  return LaunchInFlight(epoch == 0 ? nullptr : this, epoch);
+  int device = 0;
+  const std::uint64_t epoch = run_launch(launch, true, &device);
+  return LaunchInFlight(epoch == 0 ? nullptr : this, epoch, device);
 }
 
-std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
+std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight, int* device_out) {
   if (!usable()) return 0;
+  // The launching device's plan (opened now if it is new; the simulator's launches, -1: the first).
+  const int device = launch.device >= 0 ? launch.device : device_;
+  DevicePlan* plan_ptr = device == device_ ? plan_of(device) : open_plan(device);
   EngineActions actions;
   std::vector<Move> moves;
-  if (policy_->manages_residency()) {
+  if (policy_manages_residency_ && plan_ptr != nullptr) {
     // One allocation each for a launch's usual plan (a few fetches, evictions and
     // prefetches), not one per doubling. (Other policies seldom ask for anything.)
     actions.list.reserve(16);
@@ -811,49 +971,67 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight) {
     std::lock_guard lock(mutex_);
     ++counters_.launches;
     if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_launch(launch);
-    if (launch.device >= 0 && launch.device != device_) {
+    if (plan_ptr == nullptr) {
       if (counters_.launches_other_device++ == 0) {
         log(LogLevel::warn,
-            "a kernel launched on device {}: Spillway plans for device {} only (the device current at the first "
-            "allocation); launches on other devices are left to the driver's demand paging",
-            launch.device, device_);
+            "a kernel launched on device {}, for which Spillway has no plan (see the warnings above); launches there "
+            "are left to the driver's demand paging",
+            launch.device);
       }
       return 0;
     }
+    DevicePlan& plan = *plan_ptr;
+    Policy& policy = *plan.policy;
+    ++plan.counters.launches;
+    seq_devices_[launch.seq % kSeqDevices] = {launch.seq + 1, device};
     Launch refined = launch;
     if (wants_faults_ && backend_.fault_feedback()) {
       faults_scratch_.clear();
       if (backend_.take_faults(faults_scratch_) > 0) {
         counters_.fault_records += faults_scratch_.size();
-        policy_->on_faults(faults_scratch_);
+        if (plan_count_.load(std::memory_order_relaxed) < 2) {
+          policy.on_faults(faults_scratch_);
+        } else {
+          // Each device's Policy gets the faults of the launches it planned (a launch too old
+          // to be remembered: the launching device's).
+          for_each_plan([&](DevicePlan& p) {
+            device_faults_scratch_.clear();
+            for (const FaultRecord& f : faults_scratch_) {
+              const auto& [seq, d] = seq_devices_[f.launch_seq % kSeqDevices];
+              if ((seq == f.launch_seq + 1 ? d : device) == p.device) device_faults_scratch_.push_back(f);
+            }
+            if (!device_faults_scratch_.empty()) p.policy->on_faults(device_faults_scratch_);
+          });
+        }
       }
-      refined.accesses = policy_->refine_footprint(launch);
+      refined.accesses = policy.refine_footprint(launch);
       if (refined.accesses.data() != launch.accesses.data()) {
         for (std::size_t i = 0; i < refined.accesses.size() && i < launch.accesses.size(); ++i) {
           counters_.refined_accesses += refined.accesses[i].bytes != launch.accesses[i].bytes;
         }
       }
     }
-    policy_->on_launch(refined, actions);
+    policy.on_launch(refined, actions);
     account_state_locked();
-    planned = policy_->manages_residency();
+    planned = policy_manages_residency_;
     if (planned) {
       std::vector<ChunkIndex> held;  // the launch's resident chunks, held while it is in flight
       frees = frees_at_plan();
-      plan_launch(refined, actions, moves, in_flight ? &held : nullptr);
+      plan_launch(plan, refined, actions, moves, in_flight ? &held : nullptr);
       turn = plans_made_++;
       if (in_flight) {
-        epoch = residency_->epoch;
-        residency_->in_flight.emplace_back(epoch, std::move(held));
+        epoch = plan.residency.epoch;
+        plan.residency.in_flight.emplace_back(epoch, std::move(held));
+        if (device_out != nullptr) *device_out = device;
       }
     }
   }
   if (!planned) {
-    carry_out(actions, moves, planned);
+    carry_out(*plan_ptr, actions, moves, planned);
     return epoch;
   }
   wait_for_turn(turn);
-  carry_out(actions, moves, planned, frees);
+  carry_out(*plan_ptr, actions, moves, planned, frees);
   // This plan is carried out: the next may go (never moving the count back after a timeout).
   for (std::uint64_t done = plans_carried_.load(std::memory_order_relaxed);
        done < turn + 1 && !plans_carried_.compare_exchange_weak(done, turn + 1, std::memory_order_release);) {
@@ -866,13 +1044,15 @@ void Engine::wait_for_turn(std::uint64_t turn) {
   // the earlier ones leave, so a later plan's moves run after theirs (another thread's
   // eviction must not overtake the fetch of a chunk this plan counted on, nor the reverse).
   // Bounded: a thread that never carries out its plan (killed in a driver call) delays the
-  // others by at most 100 ms each, after which they go ahead unordered.
+  // others by at most 1 s each, after which they go ahead unordered. (A thread merely
+  // descheduled between its plan and its moves on an overloaded host — eight launching
+  // threads on two cores beside other work — was seen to take over 100 ms.)
   if (plans_carried_.load(std::memory_order_acquire) >= turn) return;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   for (int spins = 0; plans_carried_.load(std::memory_order_acquire) < turn; ++spins) {
     if (spins < 64) continue;
     if (std::chrono::steady_clock::now() > deadline) {
-      SPILLWAY_LOG_ONCE(LogLevel::warn, "a launch's plan waited 100 ms for another thread's; carrying it out unordered");
+      SPILLWAY_LOG_ONCE(LogLevel::warn, "a launch's plan waited 1 s for another thread's; carrying it out unordered");
       return;
     }
     // An earlier plan's moves are a few driver calls: yield a while, then sleep briefly.
@@ -881,23 +1061,43 @@ void Engine::wait_for_turn(std::uint64_t turn) {
   }
 }
 
-void Engine::end_launch(std::uint64_t epoch) {
+void Engine::end_launch(int device, std::uint64_t epoch) {
+  DevicePlan* plan = plan_of(device);
+  if (plan == nullptr) return;
   std::lock_guard lock(mutex_);
-  auto& f = residency_->in_flight;
+  auto& f = plan->residency.in_flight;
   auto it = std::find_if(f.begin(), f.end(), [&](const auto& e) { return e.first == epoch; });
   if (it == f.end()) return;
-  residency_->release(it->second);
+  plan->residency.release(it->second);
   f.erase(it);
 }
 
 bool Engine::planned_resident(ChunkIndex chunk) const {
   std::lock_guard lock(mutex_);
-  return residency_->contains(chunk);
+  bool found = false;
+  for_each_plan([&](const DevicePlan& p) { found = found || p.residency.contains(chunk); });
+  return found;
+}
+
+bool Engine::planned_resident_on(ChunkIndex chunk, int device) const {
+  const DevicePlan* p = plan_of(device);
+  if (p == nullptr) return false;
+  std::lock_guard lock(mutex_);
+  return p->residency.contains(chunk);
 }
 
 std::uint64_t Engine::planned_resident_chunks() const {
   std::lock_guard lock(mutex_);
-  return residency_->size();
+  std::uint64_t n = 0;
+  for_each_plan([&](const DevicePlan& p) { n += p.residency.size(); });
+  return n;
+}
+
+std::uint64_t Engine::planned_resident_chunks(int device) const {
+  const DevicePlan* p = plan_of(device);
+  if (p == nullptr) return 0;
+  std::lock_guard lock(mutex_);
+  return p->residency.size();
 }
 
 Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours) {
@@ -1110,36 +1310,42 @@ void Engine::note_passed_through(bool excluded) {
   if (excluded) ++counters_.allocations_excluded;
 }
 
-void Engine::count_outside_locked(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes) {
-  auto [it, inserted] = outside_.try_emplace({static_cast<int>(kind), key}, bytes);
+void Engine::count_outside_locked(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, DevicePlan& plan) {
+  auto [it, inserted] = outside_.try_emplace({static_cast<int>(kind), key}, bytes, plan.device);
   if (!inserted) {  // (a key whose release was missed, e.g. a destroyed context's memory)
-    outside_bytes_.fetch_sub(it->second, std::memory_order_relaxed);
-    it->second = bytes;
+    if (DevicePlan* was = plan_of(it->second.second)) was->outside_bytes.fetch_sub(it->second.first, std::memory_order_relaxed);
+    outside_bytes_.fetch_sub(it->second.first, std::memory_order_relaxed);
+    it->second = {bytes, plan.device};
   }
-  const std::uint64_t now = outside_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-  if (now > outside_peak_.load(std::memory_order_relaxed)) outside_peak_.store(now, std::memory_order_relaxed);
+  outside_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  const std::uint64_t now = plan.outside_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  if (now > plan.outside_peak.load(std::memory_order_relaxed)) plan.outside_peak.store(now, std::memory_order_relaxed);
 }
 
 void Engine::note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept {
-  if (device == this->device()) restore_device_memory(kind, key, bytes);
+  restore_device_memory(kind, key, bytes, device);
 }
 
-std::uint64_t Engine::take_device_memory(DeviceMemory kind, std::uint64_t key) noexcept {
+std::uint64_t Engine::take_device_memory(DeviceMemory kind, std::uint64_t key, int* device) noexcept {
   std::lock_guard lock(outside_mutex_);
   auto it = outside_.find({static_cast<int>(kind), key});
   if (it == outside_.end()) return 0;
-  const std::uint64_t bytes = it->second;
+  const auto [bytes, on] = it->second;
   outside_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (DevicePlan* p = plan_of(on)) p->outside_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  if (device != nullptr) *device = on;
   outside_.erase(it);
   return bytes;
 }
 
-void Engine::restore_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes) noexcept {
+void Engine::restore_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept {
   if (bytes == 0 || start_state_.load(std::memory_order_acquire) != 1) return;
+  DevicePlan* plan = plan_of(device);  // (memory on a device without a plan yet: its budget will exclude it)
+  if (plan == nullptr) return;
   std::lock_guard lock(outside_mutex_);
   if (outside_failed_) return;
   try {
-    count_outside_locked(kind, key, bytes);
+    count_outside_locked(kind, key, bytes, *plan);
   } catch (...) {
     outside_failed_ = true;
     log(LogLevel::warn, "cannot record device memory held outside managed memory (out of memory); the budget stops counting it");
@@ -1165,12 +1371,25 @@ Stats Engine::stats_locked() const {
   Stats s = counters_;
   s.managed_bytes = managed_bytes();
   s.peak_managed_bytes = peak_managed_.load(std::memory_order_relaxed);
-  s.budget_bytes = budget_bytes();
-  s.start_budget_bytes = budget_.load(std::memory_order_relaxed);
   s.outside_device_bytes = outside_device_bytes();
-  s.outside_device_peak_bytes = outside_peak_.load(std::memory_order_relaxed);
   s.max_managed_bytes = max_managed_bytes();
-  s.physical_total_bytes = physical_total_.load(std::memory_order_relaxed);
+  std::uint64_t policies = 0;
+  for_each_plan([&](const DevicePlan& p) {
+    DeviceStats d = p.counters;
+    d.budget_bytes = p.budget();
+    d.start_budget_bytes = p.start_budget.load(std::memory_order_relaxed);
+    d.outside_device_bytes = p.outside_bytes.load(std::memory_order_relaxed);
+    d.outside_device_peak_bytes = p.outside_peak.load(std::memory_order_relaxed);
+    d.physical_total_bytes = p.physical_total.load(std::memory_order_relaxed);
+    d.live_block_bytes = p.live_bytes.load(std::memory_order_relaxed);
+    d.resident_chunks = p.residency.size();
+    s.budget_bytes += d.budget_bytes;
+    s.start_budget_bytes += d.start_budget_bytes;
+    s.outside_device_peak_bytes += d.outside_device_peak_bytes;  // (each device's peak: an upper bound of the sum's)
+    s.physical_total_bytes += d.physical_total_bytes;
+    policies += p.policy->state_bytes();
+    s.devices.push_back(d);
+  });
   s.live_block_bytes = table_.bytes();
   s.allocations_redirected = redirected_.load(std::memory_order_relaxed);
   s.frees = frees_count_.load(std::memory_order_relaxed);
@@ -1181,12 +1400,12 @@ Stats Engine::stats_locked() const {
   s.fences = fences_recorded_.load(std::memory_order_relaxed);
   s.discarded_bytes = discarded_bytes_.load(std::memory_order_relaxed);
   if (!config_.fault_feedback) s.fault_feedback = "off: SPILLWAY_FAULT_FEEDBACK=off";
-  else if (!policy_->wants_faults()) s.fault_feedback = "off: policy " + std::string(policy_->name()) + " does not use it";
+  else if (!policy_wants_faults_) s.fault_feedback = "off: policy " + policy_name_ + " does not use it";
   else s.fault_feedback = backend_.fault_feedback_state();
   if (wants_faults_) backend_.migrated_bytes(&s.migrated_to_gpu_bytes, &s.migrated_to_host_bytes);
   // (The tables as last read: reading them takes the allocation table's lock, which an
   // exit-time report must not wait for.)
-  s.state_bytes = own_state_bytes_ + policy_->state_bytes();
+  s.state_bytes = own_state_bytes_ + policies;
   s.state_peak_bytes = std::max(s.state_peak_bytes, s.state_bytes);
   return s;
 }

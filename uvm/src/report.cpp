@@ -41,10 +41,36 @@ std::string stats_table(const Stats& s) {
                                           format_bytes(s.migrated_to_host_bytes)));
   row("own state (peak / budget)", fmt::format("{} / {}", format_bytes(s.state_peak_bytes), format_bytes(s.state_budget_bytes)));
   if (s.backend_errors) row("driver calls refused", fmt::format("{}", s.backend_errors));
+  if (s.devices.size() > 1) {  // (one device: the rows above are its own)
+    for (const DeviceStats& d : s.devices) {
+      row(fmt::format("device {}", d.device),
+          fmt::format("budget {} of {}, {} launches, {} prefetched, {} evicted, {} live blocks", format_bytes(d.budget_bytes),
+                      format_bytes(d.physical_total_bytes), d.launches, format_bytes(d.prefetch_to_gpu_bytes),
+                      format_bytes(d.evict_to_cpu_bytes), format_bytes(d.live_block_bytes)));
+    }
+  }
   return out;
 }
 
 nlohmann::json stats_json(const Stats& s) {
+  nlohmann::json devices = nlohmann::json::array();
+  for (const DeviceStats& d : s.devices) {
+    devices.push_back({{"device", d.device},
+                       {"launches", d.launches},
+                       {"prefetched_chunks", d.prefetched_chunks},
+                       {"evicted_chunks", d.evicted_chunks},
+                       {"dropped_prefetch_chunks", d.dropped_prefetch_chunks},
+                       {"resident_chunks", d.resident_chunks},
+                       {"bytes",
+                        {{"budget", d.budget_bytes},
+                         {"start_budget", d.start_budget_bytes},
+                         {"outside_device_now", d.outside_device_bytes},
+                         {"outside_device_peak", d.outside_device_peak_bytes},
+                         {"gpu_total", d.physical_total_bytes},
+                         {"live_blocks", d.live_block_bytes},
+                         {"prefetched_to_gpu", d.prefetch_to_gpu_bytes},
+                         {"evicted_to_host", d.evict_to_cpu_bytes}}}});
+  }
   return nlohmann::json{
       {"policy", s.policy},
       {"allocations",
@@ -86,6 +112,7 @@ nlohmann::json stats_json(const Stats& s) {
       {"launches_other_device", s.launches_other_device},
       {"advise_calls", s.advise_calls},
       {"driver_calls_refused", s.backend_errors},
+      {"devices", devices},
   };
 }
 

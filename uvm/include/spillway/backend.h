@@ -59,10 +59,11 @@ class Backend {
   // itself never waits for the device.
   // supports_fences: whether record_fence() can work here (without it the Engine gives each
   // allocation a managed block of its own).
-  // record_fence: an ordering point after all the work the program has issued to the device
-  // so far, on every stream (CudaBackend: an event on the legacy default stream, which
-  // follows every blocking stream, and on each non-blocking stream the program created;
-  // CUDA Programming Guide, "Default Stream" and "Implicit Synchronization"). The `count`
+  // record_fence: an ordering point after all the work the program has issued to the devices
+  // so far, on every stream (CudaBackend: in every context the program allocated or launched
+  // in, an event on its legacy default stream, which follows every blocking stream of that
+  // context, and on each non-blocking stream the program created there; CUDA Programming
+  // Guide, "Default Stream" and "Implicit Synchronization"). The `count`
   // ranges at `discard` ([addr, addr + bytes), whole dead chunks no work may use any more)
   // are discarded once that work has completed (cuMemDiscardBatchAsync, CUDA 13, where the
   // driver has it: the driver then neither writes them back nor fetches them), and the fence

@@ -7,9 +7,10 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <deque>
-#include <map>
 #include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,7 +26,27 @@
 
 namespace spillway {
 
-// Counters kept by the Engine. Bytes are bytes, counts are events.
+// One device's plan (issue 15 item 1): its budget, residency and moves. Bytes are bytes,
+// counts are events.
+struct DeviceStats {
+  int device = 0;                             // the CUDA device ordinal (cuCtxGetDevice)
+  std::uint64_t budget_bytes = 0;             // its budget now: at its start, less outside_device_bytes
+  std::uint64_t start_budget_bytes = 0;       // the budget read when its plan opened
+  std::uint64_t outside_device_bytes = 0;     // device memory on it held outside managed memory now
+  std::uint64_t outside_device_peak_bytes = 0;
+  std::uint64_t physical_total_bytes = 0;     // cuMemGetInfo's total
+  std::uint64_t live_block_bytes = 0;         // bytes of the live blocks allocated on it
+  std::uint64_t launches = 0;                 // launches planned on it
+  std::uint64_t prefetch_to_gpu_bytes = 0;    // moved to it
+  std::uint64_t evict_to_cpu_bytes = 0;       // moved from it toward the host
+  std::uint64_t prefetched_chunks = 0;
+  std::uint64_t evicted_chunks = 0;
+  std::uint64_t dropped_prefetch_chunks = 0;
+  std::uint64_t resident_chunks = 0;          // chunks its plan holds resident now
+};
+
+// Counters kept by the Engine: totals over its devices (one DeviceStats each in `devices`).
+// Bytes are bytes, counts are events.
 struct Stats {
   std::uint64_t allocations_redirected = 0;   // device allocations made managed
   std::uint64_t allocations_passed_through = 0;  // left to the driver (excluded, pool, VMM, ...)
@@ -50,7 +71,7 @@ struct Stats {
   std::uint64_t max_managed_bytes = 0;
   std::uint64_t physical_total_bytes = 0;
   std::uint64_t launches = 0;                 // launches seen (Engine::launch)
-  std::uint64_t launches_other_device = 0;    // of those, launched on a device the Engine does not plan
+  std::uint64_t launches_other_device = 0;    // of those, launched on a device the Engine has no plan
                                               // for: left to the driver (Engine::launch)
   std::uint64_t evicted_chunks = 0;           // chunks the Engine evicted to keep within the budget
   std::uint64_t prefetched_chunks = 0;        // chunks the Engine planned onto the GPU
@@ -69,6 +90,7 @@ struct Stats {
   std::uint64_t state_peak_bytes = 0;         // ... their peak, read after every launch
   std::uint64_t state_budget_bytes = 0;       // SPILLWAY_STATE_MEMORY
   std::string policy;
+  std::vector<DeviceStats> devices;           // one per device with a plan, by ordinal
 };
 
 // Sees what the Engine sees, in the order its Policy sees it (the trace recorder in the
@@ -82,26 +104,47 @@ class EngineObserver {
   virtual void on_launch(const Launch& launch) = 0;
 };
 
+// One plan per device (issue 15 item 1). A block belongs to the device current when it was
+// allocated (Backend::current_device); each device the program allocates or launches on gets
+// a plan of its own when it is first current: a Policy instance, a residency plan, a budget
+// (min(that device's free memory, SPILLWAY_BUDGET), read then) and its statistics. A launch is
+// planned on the launching context's device (Launch::device): its footprint is fetched to
+// that GPU, whatever device its blocks were allocated on (a block used from another GPU moves
+// there, or is read remotely where the Policy leaves it: Policy::leave_remote), and a chunk
+// is planned resident on at most one device (fetching it to one takes it out of another's
+// plan: the prefetch moves it). Every plan's Policy sees every allocation and free (one
+// address space); only the owning device's Policy's requests on an allocation are carried
+// out. The host cap (SPILLWAY_MAX_MANAGED) is one for the process.
 class Engine {
  public:
-  // `policy` must not be null. Nothing is asked of `backend` until the first allocation.
+  // A new Policy instance, for each device's plan.
+  using PolicyFactory = std::function<std::unique_ptr<Policy>()>;
+  // `policy` must not be null. It serves the first device's plan; without a factory no other
+  // device gets one (their launches are left to the driver). Nothing is asked of `backend`
+  // until the first allocation.
   Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy);
+  // Every device's plan gets a Policy from `make_policy` (which must not return null).
+  Engine(Config config, Backend& backend, PolicyFactory make_policy);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Reads the device's facts once (memory, concurrent managed access) and resolves the
-  // budget = min(physical free, SPILLWAY_BUDGET) and the cap. Called by allocate() on
-  // first use; safe to call from several threads. Returns false when managed memory cannot
-  // overflow on this device: the caller then passes allocations through (and the Engine
-  // has logged one warning).
+  // Reads the current device's facts once (memory, concurrent managed access), resolves its
+  // budget = min(physical free, SPILLWAY_BUDGET) and the host cap, and opens its plan.
+  // Called by allocate() on first use; safe to call from several threads. Returns false when
+  // managed memory cannot overflow on this device: the caller then passes allocations
+  // through (and the Engine has logged one warning). A later device whose plan cannot open
+  // (no concurrent managed access, memory unreadable) has its allocations passed through
+  // (allocate(): Status::not_supported) and its launches left to the driver.
   bool start();
   bool usable();  // start() has succeeded (calls it if needed)
   // start() has run (successfully or not). Lock-free.
   bool started() const { return start_state_.load(std::memory_order_acquire) != 0; }
-  // The device the Engine plans for (the one current at start()); -1 before a successful
-  // start(). Lock-free.
+  // The first device the Engine plans for (the one current at start()); -1 before a
+  // successful start(). Lock-free.
   int device() const { return start_state_.load(std::memory_order_acquire) == 1 ? device_ : -1; }
+  // Whether `device` has a plan now. Lock-free.
+  bool plans_device(int device) const;
 
   // Allocates `bytes` of managed memory for a device allocation of `kind` and records it.
   // With the sub-allocator (config().suballocator, where the Backend has fences), the block
@@ -145,25 +188,28 @@ class Engine {
   // outlive the Engine's use.
   void set_observer(EngineObserver* observer) { observer_.store(observer, std::memory_order_release); }
 
-  // A kernel launch (issue 3, DESIGN §3-4): the Policy sees it first (on_launch). For a
+  // A kernel launch (issue 3, DESIGN §3-4), planned on the launching device's plan
+  // (Launch::device, opened now if it is the current device and has none; -1: the first
+  // device): that device's Policy sees it first (on_launch). For a
   // policy that manages residency the Engine then keeps its per-2-MiB-chunk residency plan:
   // it pins the launch's footprint, carries out the Policy's evictions, makes the missing
   // footprint and then the Policy's prefetches resident in that order, evicting the chunks
   // the Policy ranks last (choose_victim, else least recently used) whenever the plan would
-  // exceed budget_bytes(), and hands the moves to the Backend as prefetches (toward the CPU
+  // exceed budget_bytes(device), and hands the moves to the Backend as prefetches (toward the CPU
   // first, then toward the GPU) coalesced into runs of adjacent chunks. A prefetch that
   // finds no unpinned victim is dropped (the kernel faults, as under demand paging). The
   // caller launches the kernel itself afterwards. With fault feedback (wants_fault_feedback()
   // and Backend::fault_feedback()), the Policy is first given the faults reported since the
-  // last launch (Policy::on_faults), then the launch's footprint is the one it refines
+  // last launch (Policy::on_faults; each device's Policy gets the faults of the launches it
+  // planned), then the launch's footprint is the one it refines
   // (Policy::refine_footprint): on_launch and the plan use that; the observer sees the
-  // launch as given. A launch from a device other than the one the Engine plans for (the
-  // device current at start(); Launch::device) is counted and left to the driver — the
-  // Policy does not see it, nothing is moved for it: one Engine plans one GPU, and a plan
-  // made for the wrong one would prefetch that kernel's data away from it (one warning
-  // line says so, once). Thread-safe (serialised with the Policy);
+  // launch as given. A launch on a device that has no plan (its plan could not open; an
+  // Engine made with one Policy and no factory: the first device only) is counted and left
+  // to the driver — no Policy sees it, nothing is moved for it: a plan made for another GPU
+  // would prefetch that kernel's data away from it (one warning line says so, once).
+  // Thread-safe (serialised with the Policies);
   // the plans of concurrent launches are carried out in the order they were made (a plan
-  // waits at most 100 ms for earlier ones). The launch's pins end with the next plan.
+  // waits at most 1 s for earlier ones). The launch's pins end with the next plan.
   void launch(const Launch& launch);
 
   // The same, for a caller that issues the kernel after this returns while other threads
@@ -172,25 +218,32 @@ class Engine {
   // kernel is about to use (each chunk counts the launches in flight that hold it). Thread-safe.
   class LaunchInFlight {
    public:
-    LaunchInFlight(LaunchInFlight&& other) noexcept : engine_(other.engine_), epoch_(other.epoch_) { other.engine_ = nullptr; }
+    LaunchInFlight(LaunchInFlight&& other) noexcept : engine_(other.engine_), epoch_(other.epoch_), device_(other.device_) {
+      other.engine_ = nullptr;
+    }
     LaunchInFlight(const LaunchInFlight&) = delete;
     LaunchInFlight& operator=(const LaunchInFlight&) = delete;
     LaunchInFlight& operator=(LaunchInFlight&&) = delete;
     ~LaunchInFlight() {
-      if (engine_ != nullptr) engine_->end_launch(epoch_);
+      if (engine_ != nullptr) engine_->end_launch(device_, epoch_);
     }
 
    private:
     friend class Engine;
-    LaunchInFlight(Engine* engine, std::uint64_t epoch) : engine_(engine), epoch_(epoch) {}
+    LaunchInFlight(Engine* engine, std::uint64_t epoch, int device) : engine_(engine), epoch_(epoch), device_(device) {}
     Engine* engine_;
     std::uint64_t epoch_;
+    int device_;
   };
   [[nodiscard]] LaunchInFlight launch_in_flight(const Launch& launch);
 
-  // The residency plan (policies that manage residency; empty otherwise). Thread-safe.
+  // The residency plans (policies that manage residency; empty otherwise): whether `chunk`
+  // is planned resident on any device / on `device`, and how many chunks are (on all
+  // devices / on `device`). Thread-safe.
   bool planned_resident(ChunkIndex chunk) const;
+  bool planned_resident_on(ChunkIndex chunk, int device) const;
   std::uint64_t planned_resident_chunks() const;
+  std::uint64_t planned_resident_chunks(int device) const;
 
   // Records an allocation left to the driver (excluded library, non-default pool, ...).
   void note_passed_through(bool excluded);
@@ -199,12 +252,14 @@ class Engine {
   // allocations passed through to the driver (an excluded library's such as NCCL's buffers,
   // a pool the program created, one made during a stream capture) and VMM physical memory
   // (cuMemCreate: PyTorch's expandable segments, JAX/XLA's VMM allocator). It occupies the
-  // GPU as a resident chunk would, so while it lives budget_bytes() is the budget read at
-  // start() less its bytes (never below 0), and the next plan evicts to fit. `key` names it
+  // GPU as a resident chunk would, so while it lives budget_bytes(device) is the budget read
+  // when that device's plan opened less its bytes (never below 0), and the next plan evicts
+  // to fit. `key` names it
   // at its release: an allocation's address, or a VMM handle (kind vmm); `device` is where
-  // it lies: memory on another device than device() is not counted. Memory noted before
-  // start() is not counted (the free memory the budget was read from already excludes it),
-  // nor is its release; the budget does not grow back when it is freed. A pool keeps freed
+  // it lies, and that device's budget counts it; memory on a device without a plan is not
+  // counted. Memory noted before that device's plan opened is not counted (the free memory
+  // its budget was read from already excludes it), nor is its release; the budget does not
+  // grow back when it is freed. A pool keeps freed
   // memory until it is trimmed: counting it only while an allocation lives is a lower
   // bound. Thread-safe (a lock of its own, never held with the Engine's); never throws (a
   // failure to record stops the counting, with one warning).
@@ -214,9 +269,10 @@ class Engine {
   // address or handle the driver hands out again at once is counted afresh) and returns its
   // bytes, 0 when it was not counted; give them back with restore_device_memory() if the
   // driver refuses the free. Thread-safe; never throws.
-  std::uint64_t take_device_memory(DeviceMemory kind, std::uint64_t key) noexcept;
-  void restore_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes) noexcept;
-  // The bytes counted now. Lock-free.
+  // *device (when given) is set to the device it was counted on.
+  std::uint64_t take_device_memory(DeviceMemory kind, std::uint64_t key, int* device = nullptr) noexcept;
+  void restore_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept;
+  // The bytes counted now, on every device. Lock-free.
   std::uint64_t outside_device_bytes() const { return outside_bytes_.load(std::memory_order_relaxed); }
 
   // The program is about to destroy `stream`: frees deferred on it while it was capturing
@@ -241,12 +297,11 @@ class Engine {
   static constexpr std::uint64_t kFenceBytes = 64ull << 20;
   static constexpr std::size_t kFenceRanges = 1024;
 
-  // The GPU bytes the plan keeps within: the budget read at start() less the device memory
-  // held outside managed memory (note_device_memory). Lock-free.
-  std::uint64_t budget_bytes() const {
-    const std::uint64_t budget = budget_.load(std::memory_order_relaxed), outside = outside_device_bytes();
-    return budget > outside ? budget - outside : 0;
-  }
+  // The GPU bytes `device`'s plan keeps within: the budget read when its plan opened less
+  // the device memory held there outside managed memory (note_device_memory); 0 for a device
+  // without a plan. Without an argument: the sum over every device's plan. Lock-free.
+  std::uint64_t budget_bytes(int device) const;
+  std::uint64_t budget_bytes() const;
   std::uint64_t max_managed_bytes() const { return max_managed_.load(std::memory_order_relaxed); }
   std::uint64_t managed_bytes() const { return managed_bytes_.load(std::memory_order_relaxed); }
   const Config& config() const { return config_; }
@@ -273,8 +328,11 @@ class Engine {
   class EngineActions;
   struct Action;
   static Result send(Backend& backend, const Action& action, int device);
-  void count_action(const Action& action, const Result& result);
   class Residency;
+  struct DevicePlan;
+  // Counts a carried-out action on `plan` (nullptr: none) and in the totals.
+  void count_action(DevicePlan* plan, const Action& action, const Result& result);
+  void count_move(DevicePlan& plan, Location to, std::uint64_t bytes, const Result& result);  // with mutex_ held
   struct Move {
     ChunkIndex chunk;
     Location to;
@@ -285,19 +343,46 @@ class Engine {
   };
   // With `held`, the launch is in flight: the resident chunks of its footprint are held and
   // appended there (released by end_launch).
-  void plan_launch(const Launch& launch, const EngineActions& actions, std::vector<Move>& moves,
+  void plan_launch(DevicePlan& plan, const Launch& launch, const EngineActions& actions, std::vector<Move>& moves,
                    std::vector<ChunkIndex>* held = nullptr);
-  std::uint64_t run_launch(const Launch& launch, bool in_flight);  // the epoch kept in flight, or 0
-  void end_launch(std::uint64_t epoch);
+  // The epoch kept in flight (0: none), and in *device the plan that keeps it.
+  std::uint64_t run_launch(const Launch& launch, bool in_flight, int* device = nullptr);
+  void end_launch(int device, std::uint64_t epoch);
   void wait_for_turn(std::uint64_t turn);  // until the plans made before plan `turn` are carried out
-  bool make_room(std::vector<Move>& moves);
-  // Takes resident chunk `c` out of the plan and queues its move to the host.
-  void plan_eviction(ChunkIndex c, std::vector<Move>& moves);
+  bool make_room(DevicePlan& plan, std::vector<Move>& moves);
+  // Takes resident chunk `c` out of `plan` and queues its move to the host.
+  void plan_eviction(DevicePlan& plan, ChunkIndex c, std::vector<Move>& moves);
+  // `c` is planned onto `plan`'s device: it leaves any other device's plan (the prefetch
+  // there moves it). With mutex_ held.
+  void leave_other_plans(const DevicePlan& plan, ChunkIndex c);
+
+  // The plans, by device ordinal (kMaxDevices at most: the CUDA device ordinals a process sees).
+  // Each is opened once, by open_plan(), and lives as long as the Engine.
+  static constexpr int kMaxDevices = 64;
+  DevicePlan* plan_of(int device) const;  // nullptr: none (yet), or it could not open. Lock-free.
+  // The plan of `device`, opened now if it has none and `device` is the current device
+  // (driver calls: never with mutex_ held). nullptr when it cannot be.
+  DevicePlan* open_plan(int device);
+  std::unique_ptr<DevicePlan> read_plan(int device, std::unique_ptr<Policy> policy);  // with plans_mutex_ held
+  template <class F>
+  void for_each_plan(F&& fn) const;  // fn(DevicePlan&) for every plan open now, by ordinal
+  std::array<std::atomic<DevicePlan*>, kMaxDevices> plans_{};
+  std::mutex plans_mutex_;  // opening a plan
+  std::vector<std::unique_ptr<DevicePlan>> owned_plans_;  // guarded by plans_mutex_
+  std::array<bool, kMaxDevices> plan_failed_{};            // guarded by plans_mutex_
+  PolicyFactory make_policy_;              // empty: the first plan only
+  std::unique_ptr<Policy> first_policy_;   // for the first plan, until it opens
+  std::atomic<int> plan_count_{0};
+  // The device whose plan each recent launch went to, by seq % kSeqDevices (seq + 1, device):
+  // fault records name the launch they were taken by. Guarded by mutex_.
+  static constexpr std::size_t kSeqDevices = 4096;
+  std::vector<std::pair<std::uint64_t, int>> seq_devices_;
+  std::vector<FaultRecord> device_faults_scratch_;  // run_launch; guarded by mutex_
   // `frees_at_plan`: frees_started_ when the plan was made, if no free was in progress then;
   // kFreeInProgress otherwise. Moves whose recorded block may have been freed since are
   // clipped to the blocks the table holds when they are carried out.
   static constexpr std::uint64_t kFreeInProgress = ~0ull;
-  void carry_out(const EngineActions& actions, const std::vector<Move>& moves, bool planned,
+  void carry_out(DevicePlan& plan, const EngineActions& actions, const std::vector<Move>& moves, bool planned,
                  std::uint64_t frees_at_plan = kFreeInProgress);
   std::uint64_t frees_at_plan() const;  // for carry_out(); with mutex_ held
 
@@ -312,7 +397,8 @@ class Engine {
   void wait_for_issuers();
   // A Policy's action, sent inside IssueSections, one piece per live block its range
   // overlaps (clipped to the block).
-  void send_checked(const Action& action, int device);
+  // `plan`: the plan whose counters its moves count in (nullptr: none).
+  void send_checked(const Action& action, int device, DevicePlan* plan);
   // Release claims (release()): one per address from before its block leaves the table
   // until the Backend has freed it, in 64 shards by address (a few claims each: no
   // allocation once warm, no lock shared by all frees). claim_release() returns the claim's
@@ -374,20 +460,21 @@ class Engine {
   std::atomic<std::uint64_t> frees_count_{0};
   std::atomic<std::uint64_t> frees_deferred_count_{0};
   std::atomic<std::uint64_t> peak_over_budget_{0};
-  bool policy_sees_allocations_ = true;  // policy_->sees_allocations(), read once
+  // The Policies' nature (the same for every plan's instance), read once from the first.
+  bool policy_sees_allocations_ = true;  // sees_allocations()
   bool policy_manages_residency_ = false;
-  bool wants_faults_ = false;  // policy_->wants_faults() && config_.fault_feedback, fixed at construction
+  bool policy_wants_faults_ = false;
+  std::string policy_name_;
+  bool wants_faults_ = false;  // policy_wants_faults_ && config_.fault_feedback, fixed at construction
+  void init_policy_facts(const Policy& policy);
 
   Config config_;
   Backend& backend_;
-  std::unique_ptr<Policy> policy_;
   AllocationTable table_;
 
   std::once_flag start_once_;
   std::atomic<int> start_state_{0};  // 0 not started, 1 usable, 2 not usable
-  std::atomic<std::uint64_t> budget_{0};
   std::atomic<std::uint64_t> max_managed_{0};
-  std::atomic<std::uint64_t> physical_total_{0};
   int device_ = 0;
 
   std::atomic<std::uint64_t> next_id_{1};
@@ -405,13 +492,13 @@ class Engine {
   std::atomic<std::uint64_t> hi_{0};
   std::atomic<EngineObserver*> observer_{nullptr};
 
-  // Device memory outside managed memory (note_device_memory): by (kind, key), bytes.
+  // Device memory outside managed memory (note_device_memory): by (kind, key), its bytes and
+  // device.
   std::mutex outside_mutex_;
-  std::map<std::pair<int, std::uint64_t>, std::uint64_t> outside_;  // guarded by outside_mutex_
-  bool outside_failed_ = false;                                      // guarded by outside_mutex_
-  void count_outside_locked(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes);  // may throw
-  std::atomic<std::uint64_t> outside_bytes_{0};
-  std::atomic<std::uint64_t> outside_peak_{0};
+  std::map<std::pair<int, std::uint64_t>, std::pair<std::uint64_t, int>> outside_;  // guarded by outside_mutex_
+  bool outside_failed_ = false;                                                     // guarded by outside_mutex_
+  void count_outside_locked(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, DevicePlan& plan);  // may throw
+  std::atomic<std::uint64_t> outside_bytes_{0};  // on every device
 
   std::atomic<std::uint64_t> issue_epoch_{0};
   std::atomic<std::uint64_t> issuing_[2] = {0, 0};  // sections in progress, per epoch parity
@@ -419,10 +506,9 @@ class Engine {
   std::array<ClaimShard, 64> claims_;
   std::atomic<std::size_t> releasing_count_{0};
 
-  mutable std::mutex mutex_;  // guards policy_, pending_ and the counters below
+  mutable std::mutex mutex_;  // guards the plans' Policies and residency, pending_ and the counters below
   std::vector<PendingFree> pending_;
   Stats counters_;
-  std::unique_ptr<Residency> residency_;  // guarded by mutex_
   // plan_launch: the launch's chunks not resident, with their access's index; guarded by mutex_
   std::vector<std::pair<ChunkIndex, std::size_t>> missing_scratch_;
   std::vector<FaultRecord> faults_scratch_;  // run_launch: the Backend's fault records; guarded by mutex_

@@ -10,10 +10,12 @@
 
 namespace spillway {
 
-// A short human table, one "name  value" line per row, no trailing newline.
+// A short human table, one "name  value" line per row, no trailing newline; with more than
+// one device, a row per device after the totals.
 std::string stats_table(const Stats& stats);
-// The same figures as JSON: {"policy": ..., "allocations": {...}, "bytes": {...}}; byte
-// counts are integers in bytes.
+// The same figures as JSON: {"policy": ..., "allocations": {...}, "bytes": {...}, ...,
+// "devices": [{"device": ordinal, "launches", ..., "bytes": {...}}, ...]} (the top level's
+// figures are the sums over "devices"); byte counts are integers in bytes.
 nlohmann::json stats_json(const Stats& stats);
 // Writes stats_json() to `path` (replacing it). Returns an empty string, or a one-line
 // error naming the file and the reason. Never throws.
