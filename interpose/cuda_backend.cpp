@@ -133,8 +133,13 @@ std::uint64_t g_launches = 0;                                               // g
 // The contexts the program allocated or launched in (CudaBackend::record_fence records on
 // each: the legacy default stream of one context does not follow another's work; CUDA
 // Programming Guide, "Default Stream": it is per context). Few: one per device in use, as a
-// rule. Guarded by g_streams_mutex.
-std::vector<CUcontext>& g_contexts = *new std::vector<CUcontext>;
+// rule. Each with its device (cuDevicePrimaryCtxReset/Release forget a device's). Guarded by
+// g_contexts_mutex (a leaf: taken with g_streams_mutex held, never the other way).
+std::mutex g_contexts_mutex;
+std::vector<std::pair<CUcontext, int>>& g_contexts = *new std::vector<std::pair<CUcontext, int>>;
+bool context_known_locked(CUcontext ctx) {
+  return std::any_of(g_contexts.begin(), g_contexts.end(), [ctx](const auto& c) { return c.first == ctx; });
+}
 std::atomic<std::uint64_t> g_contexts_forgotten{0};  // forget_context() calls: thread caches below go stale
 thread_local CUcontext t_noted_context = nullptr;     // the last this thread registered
 thread_local std::uint64_t t_noted_generation = 0;    // ... when g_contexts_forgotten was this
@@ -145,8 +150,10 @@ void note_current_context() {
   if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return;
   const std::uint64_t generation = g_contexts_forgotten.load(std::memory_order_acquire);
   if (ctx == t_noted_context && generation == t_noted_generation) return;
-  std::lock_guard lock(g_streams_mutex);
-  if (std::find(g_contexts.begin(), g_contexts.end(), ctx) == g_contexts.end()) g_contexts.push_back(ctx);
+  CUdevice device = -1;
+  if (real().cuCtxGetDevice == nullptr || real().cuCtxGetDevice(&device) != CUDA_SUCCESS) device = -1;
+  std::lock_guard lock(g_contexts_mutex);
+  if (!context_known_locked(ctx)) g_contexts.emplace_back(ctx, device);
   t_noted_context = ctx;
   t_noted_generation = generation;
 }
@@ -221,12 +228,15 @@ CUevent order_event(int i) {
   return slot;
 }
 
-// `waiter` waits for the work issued to `after` so far.
-void order_after(CUstream waiter, CUstream after, int slot) {
-  if (real().cuEventRecord == nullptr || real().cuStreamWaitEvent == nullptr) return;
+// `waiter` waits for the work issued to `after` so far; false when it could not be ordered
+// (the thread's ordering events belong to the context they were made in: on another
+// context's stream the record fails, and that move goes unordered — never wrong for managed
+// memory, only slower; docs/multi-gpu.md).
+bool order_after(CUstream waiter, CUstream after, int slot) {
+  if (real().cuEventRecord == nullptr || real().cuStreamWaitEvent == nullptr) return false;
   CUevent e = order_event(slot);
-  if (e == nullptr) return;
-  if (real().cuEventRecord(e, after) == CUDA_SUCCESS) real().cuStreamWaitEvent(waiter, e, 0);
+  if (e == nullptr) return false;
+  return real().cuEventRecord(e, after) == CUDA_SUCCESS && real().cuStreamWaitEvent(waiter, e, 0) == CUDA_SUCCESS;
 }
 
 }  // namespace
@@ -264,9 +274,23 @@ void note_stream_created(CUstream stream, unsigned flags) {
 void forget_context(CUcontext ctx) {
   std::lock_guard lock(g_streams_mutex);
   g_contexts_forgotten.fetch_add(1, std::memory_order_acq_rel);
-  std::erase(g_contexts, ctx);
+  {
+    std::lock_guard registry(g_contexts_mutex);
+    std::erase_if(g_contexts, [ctx](const auto& c) { return c.first == ctx; });
+  }
   std::erase_if(g_nonblocking, [ctx](const auto& s) { return s.second == ctx; });
   backend_instance().forget_streams_of(ctx);
+}
+
+void forget_device_contexts(int device) {
+  std::vector<CUcontext> gone;
+  {
+    std::lock_guard registry(g_contexts_mutex);
+    for (const auto& [ctx, d] : g_contexts) {
+      if (d == device) gone.push_back(ctx);
+    }
+  }
+  for (CUcontext ctx : gone) forget_context(ctx);
 }
 
 void forget_launch_stream(CUstream stream) {
@@ -307,9 +331,14 @@ CUevent fence_event(CUcontext ctx) {
   return e;
 }
 
+// Back to the pool, unless their context has been forgotten since (destroyed or reset: its
+// events went with it, and its handle may be given to a new context).
 void give_back(const std::vector<std::pair<CUcontext, CUevent>>& events) {
+  std::lock_guard registry(g_contexts_mutex);
   std::lock_guard lock(g_fence_events_mutex);
-  g_fence_events.insert(g_fence_events.end(), events.begin(), events.end());
+  for (const auto& e : events) {
+    if (context_known_locked(e.first)) g_fence_events.push_back(e);
+  }
 }
 
 void forget_fence_events(CUcontext ctx) {
@@ -360,10 +389,7 @@ Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::u
     CUevent e = fence_event(ctx);
     if (e == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = real().cuEventRecord(e, stream);
-    if (r != CUDA_SUCCESS) {
-      give_back({{ctx, e}});
-      return r;
-    }
+    if (r != CUDA_SUCCESS) return r;  // (the event is dropped: it may be a dead context's)
     record->events.emplace_back(ctx, e);
     return CUDA_SUCCESS;
   };
@@ -387,22 +413,31 @@ Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::u
     std::lock_guard lock(g_streams_mutex);
     if (captures_in_progress()) return Result{Status::not_ready, 0};
     if (CUresult r = on_context(current); r != CUDA_SUCCESS) return fail(r);
-    for (CUcontext ctx : g_contexts) {
-      if (ctx == current) continue;
-      // A context made current here for the records. One that refuses them is no longer
-      // active (a primary context reset or released for the last time: its work is complete
-      // or gone with it; a destroyed one left the registry in the cuCtxDestroy hook): skipped,
-      // with the events recorded in it so far, so that no range stays parked for ever.
+    std::vector<CUcontext> others;
+    {
+      std::lock_guard registry(g_contexts_mutex);
+      for (const auto& [ctx, d] : g_contexts) {
+        if (ctx != current) others.push_back(ctx);
+      }
+    }
+    for (CUcontext ctx : others) {
+      // A context made current here for the records. One that is no longer active (a primary
+      // context reset or released for the last time: its work is complete or gone with it; a
+      // destroyed one left the registry in the cuCtxDestroy hook) is skipped, with the events
+      // recorded in it so far, so that no range stays parked for ever. Any other failure fails
+      // the fence (it is tried again later): a live context's work is never left out.
       if (real().cuCtxPushCurrent_v2 == nullptr || real().cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) continue;
       const std::size_t before = record->events.size();
       CUresult r = on_context(ctx);
       CUcontext popped = nullptr;
       real().cuCtxPopCurrent_v2(&popped);
-      if (r != CUDA_SUCCESS) {
-        give_back(std::vector<std::pair<CUcontext, CUevent>>(record->events.begin() + static_cast<std::ptrdiff_t>(before),
-                                                             record->events.end()));
-        record->events.resize(before);
+      if (r == CUDA_SUCCESS) continue;
+      if (r != CUDA_ERROR_CONTEXT_IS_DESTROYED && r != CUDA_ERROR_INVALID_CONTEXT && r != CUDA_ERROR_DEINITIALIZED) {
+        return fail(r);
       }
+      give_back(std::vector<std::pair<CUcontext, CUevent>>(record->events.begin() + static_cast<std::ptrdiff_t>(before),
+                                                           record->events.end()));
+      record->events.resize(before);
     }
   }
   const int device = current_device();
@@ -437,9 +472,10 @@ Result CudaBackend::fence_done(EventHandle fence) {
   while (!record->events.empty()) {
     CUresult r = real().cuEventQuery(record->events.back().second);
     if (r == CUDA_ERROR_NOT_READY) return Result{Status::not_ready, r};
-    give_back({record->events.back()});
+    // An event that cannot be queried is its destroyed context's: that context's work is
+    // gone with it, and the others' events still decide (dropped, never pooled again).
+    if (r == CUDA_SUCCESS) give_back({record->events.back()});
     record->events.pop_back();
-    if (r != CUDA_SUCCESS) return from_cuda(r);
   }
   return Result{};
 }
@@ -449,7 +485,7 @@ Result CudaBackend::wait_fence(EventHandle fence) {
   RelaxedCaptureMode relaxed;
   auto* record = reinterpret_cast<FenceRecord*>(fence);
   for (const auto& [ctx, e] : record->events) {
-    if (CUresult r = real().cuEventSynchronize(e); r != CUDA_SUCCESS) return from_cuda(r);
+    real().cuEventSynchronize(e);  // (an error: a destroyed context's event, as in fence_done)
   }
   return Result{};
 }
@@ -464,10 +500,13 @@ CUstream CudaBackend::own_stream(Location to, int device) {
   if (device < 0 || device >= kMaxDevices) return nullptr;
   OwnStreams& own = own_[static_cast<std::size_t>(device)];
   std::atomic<CUstream>& slot = to == Location::gpu ? own.to_gpu : own.to_host;
-  CUstream s = slot.load(std::memory_order_acquire);
-  if (s != nullptr || real().cuStreamCreate == nullptr) return s;
   CUcontext ctx = nullptr;
   if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return nullptr;
+  // (Only the context they were made in may use them: another context on the same device gets
+  // none, and its moves are refused, counted in the report.)
+  if (CUcontext made_in = own.context.load(std::memory_order_acquire); made_in != nullptr && made_in != ctx) return nullptr;
+  CUstream s = slot.load(std::memory_order_acquire);
+  if (s != nullptr || real().cuStreamCreate == nullptr) return s;
   if (current_device() != device) return nullptr;  // (made in a context of that device only)
   std::lock_guard lock(own_mutex_);
   if ((s = slot.load(std::memory_order_acquire)) != nullptr) return s;
@@ -533,8 +572,8 @@ Result CudaBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location t
   std::lock_guard lock(g_evicted_mutex);
   if (g_evicted[own_slot]) {
     CUstream host = own_stream(Location::cpu, device);
-    if (host != nullptr) order_after(stream, host, 1);
-    g_evicted[own_slot] = false;
+    // (Still owed to the next prefetch if it could not be ordered now.)
+    if (host != nullptr && order_after(stream, host, 1)) g_evicted[own_slot] = false;
   }
   return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
 }

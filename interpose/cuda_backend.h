@@ -102,9 +102,12 @@ void forget_launch_stream(CUstream stream);
 // The program created `stream` with `flags` (cuStreamCreate, cuStreamCreateWithPriority): a
 // non-blocking one is fenced on its own (CudaBackend::record_fence). Thread-safe.
 void note_stream_created(CUstream stream, unsigned flags);
-// The program is about to destroy `ctx` (cuCtxDestroy, cuDevicePrimaryCtxReset): fences stop
+// The program is about to destroy `ctx` (cuCtxDestroy; a primary context: forget_device_contexts): fences stop
 // recording in it, and the shim's streams and events there are forgotten. Thread-safe.
 void forget_context(CUcontext ctx);
+// The same for every context registered on `device` (its primary context was reset, or released
+// for the last time; the others are registered again at their next allocation or launch).
+void forget_device_contexts(int device);
 // The lock an eviction holds while it orders the host stream after other streams: the
 // capture-begin hooks hold it across the real call, so that no capture begins meanwhile.
 std::unique_lock<std::mutex> lock_launch_streams();

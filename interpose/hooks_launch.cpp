@@ -884,11 +884,22 @@ CUresult cuCtxDestroy_v2(CUcontext ctx) {
 // The last release of a primary context destroys it, and its modules with it.
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   g_code_generation.fetch_add(1, std::memory_order_acq_rel);
-  return real().cuDevicePrimaryCtxRelease_v2(dev);
+  CUresult r = real().cuDevicePrimaryCtxRelease_v2(dev);
+  // The last release destroys the context's streams and events (the handle stays the same).
+  unsigned flags = 0;
+  int active = 1;
+  if (r == CUDA_SUCCESS && interpose::hooks_active() && real().cuDevicePrimaryCtxGetState != nullptr) {
+    interpose::ShimCallScope scope;
+    if (real().cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active == 0) {
+      interpose::forget_device_contexts(dev);
+    }
+  }
+  return r;
 }
 
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   g_code_generation.fetch_add(1, std::memory_order_acq_rel);
+  if (interpose::hooks_active()) interpose::forget_device_contexts(dev);  // (before its streams and events go)
   return real().cuDevicePrimaryCtxReset_v2(dev);
 }
 

@@ -258,6 +258,24 @@ TEST(EngineDevices, ABlockUsedFromAnotherDeviceMovesThereAndLeavesTheFirstPlan) 
   EXPECT_EQ(s.devices[0].live_block_bytes, 0u);
 }
 
+TEST(EngineDevices, AChunkHeldByAnotherDevicesLaunchInFlightStaysInItsPlan) {
+  TwoDeviceFixture f(8, 8);
+  const std::uint64_t a = f.alloc(0, kChunkBytes);
+  std::vector<Access> acc{{a, kChunkBytes, false}};
+  Launch l;
+  l.name = "k";
+  l.accesses = acc;
+  l.device = 0;
+  {
+    Engine::LaunchInFlight guard = f.engine.launch_in_flight(l);  // device 0's kernel not issued yet
+    f.launch(1, {{a, kChunkBytes, false}});
+    EXPECT_TRUE(f.engine.planned_resident_on(chunk_of(a), 0)) << "held: stays in device 0's plan";
+    EXPECT_TRUE(f.engine.planned_resident_on(chunk_of(a), 1));
+  }
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 2u) << "both plans count it, until one of them evicts it";
+  EXPECT_EQ(f.moved(Location::gpu, 1), kChunkBytes) << "device 1's kernel got its data";
+}
+
 TEST(EngineDevices, OutsideMemoryShrinksOnlyItsOwnDevicesBudget) {
   using Kind = Engine::DeviceMemory;
   TwoDeviceFixture f(8, 8);

@@ -68,6 +68,11 @@ class Engine::Residency final : public VictimQuery {
     const std::uint32_t n = node_of(c);
     return n != kNil && pinned_node(n);
   }
+  // Held by a launch in flight (launch_in_flight), whatever the epoch.
+  bool held(ChunkIndex c) const {
+    const std::uint32_t n = node_of(c);
+    return n != kNil && nodes_[n].held > 0;
+  }
   void for_each_lru(const std::function<bool(ChunkIndex)>& visit) const override {
     for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
       if (!visit(nodes_[n].chunk)) return;
@@ -386,7 +391,8 @@ Engine::DevicePlan* Engine::open_plan(int device) {
   std::unique_ptr<DevicePlan> plan;
   try {
     policy = make_policy_();
-    policy->limit_state(config_.state_memory);
+    // (Its share until the next re-share: account_state_locked.)
+    policy->limit_state(config_.state_memory / static_cast<std::uint64_t>(plan_count_.load(std::memory_order_relaxed) + 1));
     plan = read_plan(device, std::move(policy));
     if (plan) owned_plans_.push_back(std::move(plan));
   } catch (...) {
@@ -779,8 +785,10 @@ void Engine::plan_eviction(DevicePlan& plan, ChunkIndex c, std::vector<Move>& mo
 
 void Engine::leave_other_plans(const DevicePlan& plan, ChunkIndex c) {
   if (plan_count_.load(std::memory_order_relaxed) < 2) return;
+  // (A chunk held there — that device's launch in flight is about to use it — stays in its
+  // plan: both count it until that launch ends, and its holds stay with its own node.)
   for_each_plan([&](DevicePlan& p) {
-    if (&p != &plan && p.residency.erase(c)) p.policy->on_residency(c, false);
+    if (&p != &plan && !p.residency.held(c) && p.residency.erase(c)) p.policy->on_residency(c, false);
   });
 }
 

@@ -112,16 +112,19 @@ class EngineObserver {
 // that GPU, whatever device its blocks were allocated on (a block used from another GPU moves
 // there, or is read remotely where the Policy leaves it: Policy::leave_remote), and a chunk
 // is planned resident on at most one device (fetching it to one takes it out of another's
-// plan: the prefetch moves it). Every plan's Policy sees every allocation and free (one
-// address space); only the owning device's Policy's requests on an allocation are carried
-// out. The host cap (SPILLWAY_MAX_MANAGED) is one for the process.
+// plan: the prefetch moves it; unless that device's launch in flight holds it, when both
+// plans count it until one of them evicts it). Every plan's Policy sees every allocation made
+// after its plan opened, and every free (one address space); only the owning device's
+// Policy's requests on an allocation are carried out. The host cap (SPILLWAY_MAX_MANAGED) is
+// one for the process.
 class Engine {
  public:
   // A new Policy instance, for each device's plan.
   using PolicyFactory = std::function<std::unique_ptr<Policy>()>;
   // `policy` must not be null. It serves the first device's plan; without a factory no other
-  // device gets one (their launches are left to the driver). Nothing is asked of `backend`
-  // until the first allocation.
+  // device gets one (allocations made on another device are passed through:
+  // Status::not_supported, and launches there are left to the driver). Nothing is asked of
+  // `backend` until the first allocation.
   Engine(Config config, Backend& backend, std::unique_ptr<Policy> policy);
   // Every device's plan gets a Policy from `make_policy` (which must not return null).
   Engine(Config config, Backend& backend, PolicyFactory make_policy);

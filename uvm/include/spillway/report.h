@@ -15,7 +15,9 @@ namespace spillway {
 std::string stats_table(const Stats& stats);
 // The same figures as JSON: {"policy": ..., "allocations": {...}, "bytes": {...}, ...,
 // "devices": [{"device": ordinal, "launches", ..., "bytes": {...}}, ...]} (the top level's
-// figures are the sums over "devices"); byte counts are integers in bytes.
+// figures are the sums over "devices", except "launches", which also counts the launches no
+// device planned (launches_other_device), and "outside_device_peak", the sum of each device's
+// peak: an upper bound of the peak of the sum); byte counts are integers in bytes.
 nlohmann::json stats_json(const Stats& stats);
 // Writes stats_json() to `path` (replacing it). Returns an empty string, or a one-line
 // error naming the file and the reason. Never throws.
