@@ -389,7 +389,10 @@ Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::u
     CUevent e = fence_event(ctx);
     if (e == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = real().cuEventRecord(e, stream);
-    if (r != CUDA_SUCCESS) return r;  // (the event is dropped: it may be a dead context's)
+    if (r != CUDA_SUCCESS) {
+      give_back({{ctx, e}});  // (kept only while its context is registered: give_back)
+      return r;
+    }
     record->events.emplace_back(ctx, e);
     return CUDA_SUCCESS;
   };
@@ -472,9 +475,10 @@ Result CudaBackend::fence_done(EventHandle fence) {
   while (!record->events.empty()) {
     CUresult r = real().cuEventQuery(record->events.back().second);
     if (r == CUDA_ERROR_NOT_READY) return Result{Status::not_ready, r};
-    // An event that cannot be queried is its destroyed context's: that context's work is
-    // gone with it, and the others' events still decide (dropped, never pooled again).
-    if (r == CUDA_SUCCESS) give_back({record->events.back()});
+    // An event that cannot be queried: a destroyed context's (its work is gone with it), or a
+    // driver error. Either way the other events still decide; it goes back to the pool only
+    // while its context is registered (give_back), so a dead context's event is never reused.
+    give_back({record->events.back()});
     record->events.pop_back();
   }
   return Result{};
