@@ -75,7 +75,7 @@ const CompiledTrace& small_kernels() {
 void run(benchmark::State& state, const CompiledTrace& t, const char* policy, double frac) {
   SimParams p = default_params();
   p.capacity_bytes = static_cast<std::uint64_t>(frac * t.peak_bytes) / kChunkBytes * kChunkBytes;
-  MinFetch fetches = min_fetch(t, p.capacity_bytes / kChunkBytes);
+  LowerBound fetches = lower_bound(t, p);
   for (auto _ : state) {
     CellResult r = run_cell(t, policy, p, nullptr, &fetches);
     benchmark::DoNotOptimize(r.sim.time_ns);
@@ -93,6 +93,14 @@ void BM_Bound(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(min_fetches(t, t.peak_bytes / 2 / kChunkBytes));
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * t.kernel_count));
 }
+// The two-direction cut bound's search (spillway/sim/bound.h) at half the peak.
+void BM_CutBound(benchmark::State& state, const char* trace) {
+  const CompiledTrace& t = bundled(trace);
+  SimParams p = default_params();
+  p.capacity_bytes = t.peak_bytes / 2 / kChunkBytes * kChunkBytes;
+  for (auto _ : state) benchmark::DoNotOptimize(search_cut_bound(t, p).ns);
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * t.kernel_count));
+}
 
 void BM_ReadAndCompile(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(compile_file(kTraces + "BERT_Base-b256.jsonl.gz").kernel_count);
@@ -108,6 +116,8 @@ BENCHMARK_CAPTURE(BM_Bert, correlation, "correlation")->Unit(benchmark::kMillise
 BENCHMARK_CAPTURE(BM_Bert, oracle, "oracle")->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_ResNet, demand, "demand")->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Bound)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_CutBound, bert, "bert")->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_CutBound, resnet, "resnet")->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ReadAndCompile)->Unit(benchmark::kMillisecond);
 
 }  // namespace

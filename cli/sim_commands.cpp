@@ -262,12 +262,15 @@ void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows) {
 void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path));
+  // bound_ns: the two-direction bound (spillway/sim/bound.h); h2d_bound_ns: the bound before
+  // it, max(compute, MIN_H2D / B_h2d); cut_bound_ns: the cut bound alone.
   out << "trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
-         "prefetch_bytes,prefetch_used_bytes\n";
+         "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns\n";
   for (const auto& r : rows) {
-    out << fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{}\n", r.trace, r.policy, r.allocator, r.link, r.capacity_bytes,
-                       r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns, r.sim.h2d_bytes, r.sim.d2h_bytes,
-                       r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes);
+    out << fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{}\n", r.trace, r.policy, r.allocator, r.link,
+                       r.capacity_bytes, r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns, r.sim.h2d_bytes,
+                       r.sim.d2h_bytes, r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes, r.h2d_bound_ns,
+                       r.cut_bound_ns);
   }
   if (!out) throw std::runtime_error(fmt::format("{}: write failed", path));
 }
@@ -390,7 +393,7 @@ int run_sweep(SimCommands::Options& o) {
       for (std::size_t v = 0; v < views.size(); ++v)
         for (std::size_t p = 0; p < policies.size(); ++p) cells.push_back({t, v, c, p});
   // The bound of each (trace, capacity), shared by its policies.
-  std::vector<sim::MinFetch> fetches(traces.size() * caps.size());
+  std::vector<sim::LowerBound> bounds(traces.size() * caps.size());
   std::vector<std::once_flag> fetch_once(traces.size() * caps.size());
   // Run the costliest cells first (more chunk touches; oracle and correlation do the most
   // work per touch) so that no long cell is left alone at the end; results keep table order.
@@ -416,8 +419,8 @@ int run_sweep(SimCommands::Options& o) {
       std::size_t key = cell.trace * caps.size() + cell.cap;
       try {
         p.capacity_bytes = capacity_bytes(caps[cell.cap], truth);
-        std::call_once(fetch_once[key], [&] { fetches[key] = sim::min_fetch(truth, p.capacity_bytes / kChunkBytes); });
-        results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &fetches[key]);
+        std::call_once(fetch_once[key], [&] { bounds[key] = sim::lower_bound(truth, p); });
+        results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &bounds[key]);
       } catch (...) {
         std::lock_guard lock(print_mutex);
         if (!failure) failure = std::current_exception();
@@ -444,8 +447,8 @@ int run_sweep(SimCommands::Options& o) {
 
   print_table(std::cout, results);
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << fmt::format("{} simulations on {} ({:.1f} GB/s H2D) in {:.2f} s wall, {} jobs; xbound = time / max(compute, "
-                           "MIN fetches / H2D bandwidth), xunlim = time / compute\n",
+  std::cout << fmt::format("{} simulations on {} ({:.1f} GB/s H2D) in {:.2f} s wall, {} jobs; xbound = time / the two-direction "
+                           "lower bound (docs/simulator.md), xunlim = time / compute\n",
                            cells.size(), base.link.name, base.link.h2d_bytes_per_s / 1e9, wall, jobs);
   std::string csv = o.csv;
   std::string tmp_csv;
@@ -483,7 +486,7 @@ int run_replay(SimCommands::Options& o) {
   sim::CompiledTrace viewed = views[0] == sim::AllocatorView::none ? sim::CompiledTrace{} : sim::compile_file(o.replay_trace, views[0]);
   const sim::CompiledTrace& t = views[0] == sim::AllocatorView::none ? truth : viewed;
   p.capacity_bytes = capacity_bytes(cap, truth);
-  sim::MinFetch bound = sim::min_fetch(truth, p.capacity_bytes / kChunkBytes);
+  const sim::LowerBound bound = sim::lower_bound(truth, p);
   std::vector<sim::Span> spans;
   sim::CellResult r = sim::run_cell(t, policy, p, o.timeline.empty() ? nullptr : &spans, &bound);
   print_table(std::cout, {r});
@@ -491,10 +494,11 @@ int run_replay(SimCommands::Options& o) {
   std::cout << fmt::format(
       "kernels {}, compute {}, peak footprint {}; stalls: faults {} ({} batches), waiting for prefetches {}\n"
       "prefetched {} GB ({} GB used), read remotely {} GB, driver evictions {} chunks, engine evictions {} chunks\n"
-      "lower bound {} (MIN: {} misses, {} GB over the link)\n",
+      "lower bound {} (cut bound {} over {} cuts; H2D bound {}: MIN's {} misses, {} GB over the link)\n",
       t.kernel_count, seconds(t.compute_ns), format_bytes(t.peak_bytes), seconds(s.fault_stall_ns), s.fault_batches,
       seconds(s.wait_ns), gbytes(s.prefetch_bytes), gbytes(s.prefetch_used_bytes), gbytes(s.remote_bytes), s.driver_evictions,
-      r.engine.evicted_chunks, seconds(r.bound_ns), r.min_fetch.chunks, gbytes(r.min_fetch.bytes));
+      r.engine.evicted_chunks, seconds(r.bound_ns), seconds(r.cut_bound_ns), bound.cut.cuts.size(), seconds(r.h2d_bound_ns),
+      r.min_fetch.chunks, gbytes(r.min_fetch.bytes));
   if (!o.timeline.empty()) {
     sim::write_timeline(o.timeline, t, r, spans);
     std::cout << "timeline: " << o.timeline << " (" << spans.size() << " spans; open in ui.perfetto.dev)\n";

@@ -85,7 +85,7 @@ std::pair<CellResult, CellResult> learned_under(const testing::Builder& b, Alloc
   CompiledTrace none = compile(b.t), seen = compile(b.t, view);
   SimParams p = default_params();
   p.capacity_bytes = capacity_chunks * kChunkBytes;
-  MinFetch truth = min_fetch(none, capacity_chunks);
+  LowerBound truth = lower_bound(none, p);
   return {run_cell(none, "learned", p, nullptr, &truth), run_cell(seen, "learned", p, nullptr, &truth)};
 }
 

@@ -60,6 +60,27 @@ struct Builder {
     t.events.push_back(e);
     return *this;
   }
+  // A kernel (or, with `host`, a host event: the CPU) reading and writing parts of blocks.
+  Builder& event(const std::string& name, std::uint64_t dur, std::vector<trace::Range> reads, std::vector<trace::Range> writes,
+                 bool host = false) {
+    trace::Event e;
+    e.kind = host ? trace::EventKind::host : trace::EventKind::kernel;
+    if (!host) {
+      e.name = name;
+      e.dur_ns = dur;
+    }
+    e.reads = std::move(reads);
+    e.writes = std::move(writes);
+    t.events.push_back(e);
+    return *this;
+  }
+  Builder& iteration(std::uint64_t n) {
+    trace::Event e;
+    e.kind = trace::EventKind::iter;
+    e.n = n;
+    t.events.push_back(e);
+    return *this;
+  }
   CompiledTrace compile() const { return sim::compile(t); }
 };
 

@@ -282,10 +282,16 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
               ChunkTouch& tt = ct.touches[merge_at[c]];
               tt.bytes = static_cast<std::uint32_t>(std::min<std::uint64_t>(kChunkBytes, std::uint64_t(tt.bytes) + bytes));
               tt.write = tt.write || write;
+              std::uint32_t& part = write ? tt.write_bytes : tt.read_bytes;
+              part = static_cast<std::uint32_t>(std::min<std::uint64_t>(kChunkBytes, std::uint64_t(part) + bytes));
             } else {
               merge_epoch[c] = event_no;
               merge_at[c] = static_cast<std::uint32_t>(ct.touches.size());
-              ct.touches.push_back(ChunkTouch{c, bytes, kNever, seq, write, false});
+              ChunkTouch tt{c, bytes, kNever, seq};
+              (write ? tt.write_bytes : tt.read_bytes) = bytes;
+              tt.write = write;
+              tt.host = k.host;
+              ct.touches.push_back(tt);
             }
             a = stop;
           }
@@ -451,7 +457,7 @@ MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::
       }
       if (!tt.first_touch) {
         ++result.chunks;
-        result.bytes += std::min<std::uint64_t>(kChunkBytes, tt.bytes);
+        result.bytes += std::min<std::uint64_t>(kChunkBytes, tt.read_bytes);
       }
       if (tt.next == kNever || capacity_chunks == 0) continue;  // bypass
       if (resident >= capacity_chunks) {

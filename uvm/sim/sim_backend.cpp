@@ -210,11 +210,13 @@ void SimBackend::run(std::uint32_t index) {
   if (k.host) {
     // The CPU touches managed data: chunks on the GPU fault back to the host (CPU faults at
     // the fault-path rate), after the GPU has finished what it was doing.
+    // The copies hold the D2H engine, after what it was already doing.
     std::uint64_t t = t_compute_;
     for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
       std::uint32_t c = touches[j].chunk;
       if (state_[c] == gpu) {
-        t = std::max(t, ready_[c]) + copy_ns(params_.link.d2h_bytes_per_s / std::max(1.0, params_.fault_slowdown), kChunkBytes);
+        t = std::max({t, ready_[c], t_d2h_}) + copy_ns(params_.link.d2h_bytes_per_s / std::max(1.0, params_.fault_slowdown), kChunkBytes);
+        t_d2h_ = t;
         stats_.d2h_bytes += kChunkBytes;
         ++stats_.faults;
         leave(c);
@@ -231,7 +233,14 @@ void SimBackend::run(std::uint32_t index) {
   ++epoch_;
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) pin_[touches[j].chunk] = epoch_;
   const std::uint64_t t0 = t_compute_;
-  std::uint64_t ready = t0, remote = 0;
+  std::uint64_t ready = t0, remote_in = 0, remote_out = 0;
+  // A touch served over the link: its reads come in, its writes go out; a chunk never
+  // touched before is then made on the host (its pages are created where they are touched).
+  auto remote = [&](const ChunkTouch& tt) {
+    remote_in += tt.read_bytes;
+    remote_out += tt.write_bytes;
+    if (state_[tt.chunk] == fresh) state_[tt.chunk] = cpu;
+  };
   missing_.clear();
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
     const ChunkTouch& tt = touches[j];
@@ -244,7 +253,7 @@ void SimBackend::run(std::uint32_t index) {
         flags_[c] = f & static_cast<std::uint8_t>(~unused_prefetch);
       }
     } else if ((f & prefer_cpu) || ((f & accessed_by) && state_[c] == cpu)) {
-      remote += tt.bytes;
+      remote(tt);
     } else {
       missing_.push_back(j);
     }
@@ -255,8 +264,8 @@ void SimBackend::run(std::uint32_t index) {
     const ChunkTouch& tt = touches[j];
     std::uint32_t c = tt.chunk;
     std::uint64_t slot = acquire_slot(t);
-    if (slot == kNoSlot) {  // the kernel's footprint exceeds the GPU: the rest is read remotely
-      remote += tt.bytes;
+    if (slot == kNoSlot) {  // the kernel's footprint exceeds the GPU: the rest is served remotely
+      remote(tt);
       continue;
     }
     t = std::max(t, slot);
@@ -264,7 +273,9 @@ void SimBackend::run(std::uint32_t index) {
     if (state_[c] != fresh) {
       std::uint64_t pages = (tt.bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
       faults += std::min<std::uint64_t>(pages, density_pages_);
-      t += copy_ns(fault_bw_, kChunkBytes);
+      // The fault path's copy holds the H2D engine, after the copies issued before it.
+      t = std::max(t, t_h2d_) + copy_ns(fault_bw_, kChunkBytes);
+      t_h2d_ = t;
       fault_copy += kChunkBytes;
     }
     make_resident(c, t);
@@ -278,14 +289,25 @@ void SimBackend::run(std::uint32_t index) {
   if (fault_copy > 0) {
     stats_.h2d_bytes += fault_copy;
     fault_in_bytes_ += fault_copy;
-    // The fault path held the H2D copy engine.
-    t_h2d_ = std::max(t_h2d_ + copy_ns(params_.link.h2d_bytes_per_s, fault_copy), t);
   }
   stats_.fault_stall_ns += t - ready;
   if (record_spans_ && t > ready) spans_.push_back({Span::fault, 0, ready, t - ready});
-  stats_.remote_bytes += remote;
-  stats_.h2d_bytes += remote;
-  std::uint64_t end = t + k.dur_ns + copy_ns(params_.link.h2d_bytes_per_s * params_.remote_efficiency, remote);
+  // Remote reads and writes cross the link on its copy engines, after what each was already
+  // doing; the kernel runs when they are done (DESIGN §5: it slows by the bytes it touches
+  // remotely over the link's bandwidth).
+  std::uint64_t remote_done = t;
+  if (remote_in > 0) {
+    t_h2d_ = std::max(t, t_h2d_) + copy_ns(params_.link.h2d_bytes_per_s * params_.remote_efficiency, remote_in);
+    remote_done = std::max(remote_done, t_h2d_);
+  }
+  if (remote_out > 0) {
+    t_d2h_ = std::max(t, t_d2h_) + copy_ns(params_.link.d2h_bytes_per_s * params_.remote_efficiency, remote_out);
+    remote_done = std::max(remote_done, t_d2h_);
+  }
+  stats_.remote_bytes += remote_in + remote_out;
+  stats_.h2d_bytes += remote_in;
+  stats_.d2h_bytes += remote_out;
+  std::uint64_t end = remote_done + k.dur_ns;
   if (record_spans_) spans_.push_back({Span::compute, k.name, t, end - t});
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
     if (touches[j].write) flags_[touches[j].chunk] |= dirty;

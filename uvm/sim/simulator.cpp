@@ -9,17 +9,20 @@
 
 namespace spillway::sim {
 
-namespace {
-std::uint64_t bound_from(const CompiledTrace& trace, const SimParams& params, const MinFetch& m) {
-  double link_ns = std::ceil(static_cast<double>(m.bytes) * 1e9 / params.link.h2d_bytes_per_s);
-  return std::max<std::uint64_t>(trace.compute_ns, static_cast<std::uint64_t>(link_ns));
+LowerBound lower_bound(const CompiledTrace& trace, const SimParams& params) {
+  LowerBound b;
+  b.min_fetch = min_fetch(trace, params.capacity_bytes / kChunkBytes);
+  const double link_ns = std::ceil(static_cast<double>(b.min_fetch.bytes) * 1e9 / params.link.h2d_bytes_per_s);
+  b.h2d_ns = std::max<std::uint64_t>(trace.compute_ns, static_cast<std::uint64_t>(link_ns));
+  b.cut = search_cut_bound(trace, params);
+  b.ns = std::max(b.cut.ns, b.h2d_ns);
+  return b;
 }
-}  // namespace
 
 std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, MinFetch* fetches) {
-  MinFetch m = min_fetch(trace, params.capacity_bytes / kChunkBytes);
-  if (fetches != nullptr) *fetches = m;
-  return bound_from(trace, params, m);
+  LowerBound b = lower_bound(trace, params);
+  if (fetches != nullptr) *fetches = b.min_fetch;
+  return b.ns;
 }
 
 OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chunks) {
@@ -49,17 +52,17 @@ OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chun
 }
 
 CellResult run_cell(const CompiledTrace& trace, const std::string& policy_name, const SimParams& params,
-                    std::vector<Span>* spans, const MinFetch* min_fetch_given) {
+                    std::vector<Span>* spans, const LowerBound* bound) {
   const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
   OracleFuture future;
   if (policy_name == "oracle") future = make_future(trace, capacity_chunks);
   std::unique_ptr<Policy> policy = make_sim_policy(policy_name, &future);
   if (!policy) throw std::invalid_argument(fmt::format("unknown policy '{}'", policy_name));
-  return run_cell(trace, std::move(policy), params, spans, min_fetch_given);
+  return run_cell(trace, std::move(policy), params, spans, bound);
 }
 
 CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,
-                    std::vector<Span>* spans, const MinFetch* min_fetch_given) {
+                    std::vector<Span>* spans, const LowerBound* bound_given) {
   const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
   const std::string policy_name(policy->name());
   SimBackend backend(trace, params, spans != nullptr);
@@ -120,12 +123,11 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   r.link = params.link.name;
   r.capacity_bytes = params.capacity_bytes;
   r.capacity_frac = trace.peak_bytes == 0 ? 0.0 : static_cast<double>(params.capacity_bytes) / static_cast<double>(trace.peak_bytes);
-  if (min_fetch_given != nullptr) {
-    r.min_fetch = *min_fetch_given;
-    r.bound_ns = bound_from(trace, params, r.min_fetch);
-  } else {
-    r.bound_ns = lower_bound_ns(trace, params, &r.min_fetch);
-  }
+  const LowerBound bound = bound_given != nullptr ? *bound_given : lower_bound(trace, params);
+  r.bound_ns = bound.ns;
+  r.h2d_bound_ns = bound.h2d_ns;
+  r.cut_bound_ns = bound.cut.ns;
+  r.min_fetch = bound.min_fetch;
   r.sim = backend.stats();
   r.engine = engine.stats();
   if (spans != nullptr) *spans = backend.spans();

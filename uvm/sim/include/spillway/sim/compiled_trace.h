@@ -40,8 +40,11 @@ struct ChunkTouch {
   std::uint32_t next = kNever;      // index (in touches) of the next kernel touch of this chunk
                                     // within the same block instance, or kNever
   std::uint32_t block = 0;          // alloc sequence of the block holding the chunk
-  bool write = false;
+  std::uint32_t read_bytes = 0;     // of `bytes`, those the event's reads name (<= 2 MiB)
+  std::uint32_t write_bytes = 0;    // of `bytes`, those its writes name (<= 2 MiB)
+  bool write = false;               // write_bytes > 0
   bool first_touch = false;         // first touch since the block's alloc (costs no transfer)
+  bool host = false;                // the touch of a `host` event (the CPU), not of a kernel
 };
 
 struct KernelRecord {

@@ -1,12 +1,15 @@
 // SimBackend: the Engine's Backend over a simulated GPU (DESIGN §5, docs/simulator.md).
 // Time is simulated, in ns. One compute stream runs kernels in trace order; one H2D and one
-// D2H copy engine run explicit prefetches and evictions in issue order, overlapping compute.
+// D2H copy engine each move data in issue order at the link's bandwidth, overlapping compute:
+// H2D carries prefetches, fault migrations and remote reads; D2H carries write-backs, remote
+// writes and the host's faults (the bound, spillway/sim/bound.h, relies on this).
 // Residency is per 2 MiB chunk. A kernel that touches a chunk that is neither resident nor
 // arriving faults; faults are serviced in batches, and fault-driven migration runs slower
 // than a prefetch. When the GPU is full the driver evicts root chunks oldest-migrated-first.
 // Advice: accessed-by GPU on a chunk that is not resident, or preferred location CPU, makes
-// the GPU read it remotely over the link; read-mostly makes eviction of an unwritten chunk
-// free. Deterministic: no clocks, no randomness, no hashing of pointers.
+// the GPU access it remotely over the link (a fresh chunk so touched is then on the host);
+// read-mostly makes eviction of an unwritten chunk free. Deterministic: no clocks, no
+// randomness, no hashing of pointers.
 //
 // Not thread-safe: one simulation per instance (run many instances in parallel).
 #pragma once
@@ -28,7 +31,7 @@ struct SimStats {
   std::uint64_t time_ns = 0;           // end of the last kernel
   std::uint64_t compute_ns = 0;        // sum of kernel durations
   std::uint64_t h2d_bytes = 0;         // prefetched + fault-migrated + read remotely
-  std::uint64_t d2h_bytes = 0;         // written back on eviction (Engine's or the driver's)
+  std::uint64_t d2h_bytes = 0;         // written back on eviction (Engine's or the driver's) + written remotely + host faults
   std::uint64_t faults = 0;            // GPU faults at fault granularity (after the density prefetcher)
   std::uint64_t fault_batches = 0;
   std::uint64_t fault_stall_ns = 0;    // time kernels waited for faults
@@ -91,7 +94,7 @@ class SimBackend final : public Backend {
   // The next allocate_managed() is block `alloc_seq` of the compiled trace.
   void expect_block(std::uint32_t alloc_seq) { expected_block_ = alloc_seq; }
   // Runs kernel (or host event) record `index`: waits for arriving chunks, services faults,
-  // reads remote chunks, computes. Advances now() to its end.
+  // reads and writes remote chunks, computes. Advances now() to its end.
   void run(std::uint32_t index);
   // Simulated time at which the host issues the next launch's decisions: the end of the
   // previous kernel (the host keeps up with the GPU; policies provide the run-ahead).

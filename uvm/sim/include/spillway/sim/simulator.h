@@ -9,11 +9,27 @@
 
 #include "policies.h"  // prefetch/: the policies and the oracle's future
 #include "spillway/engine.h"
+#include "spillway/sim/bound.h"
 #include "spillway/sim/compiled_trace.h"
 #include "spillway/sim/params.h"
 #include "spillway/sim/sim_backend.h"
 
 namespace spillway::sim {
+
+// The lower bound of one (trace, capacity, link): the larger of the two-direction cut bound
+// (bound.h, issue 13) and the bound before it, max(compute, MIN_H2D / B_h2d) (issue 3 §5).
+struct LowerBound {
+  std::uint64_t ns = 0;      // max(cut.ns, h2d_ns)
+  std::uint64_t h2d_ns = 0;  // max(compute time, min_fetch.bytes / B_h2d)
+  MinFetch min_fetch;        // MIN_H2D: misses and their bytes
+  CutBound cut;              // search_cut_bound(): its value, cuts and weights
+};
+// Computes it. The physical limit of the trace's true accesses: compute it on the `none`
+// view (under another view, a trace's frees are hidden from the Engine but its tensors
+// still die). Thread-safe for distinct calls.
+LowerBound lower_bound(const CompiledTrace& trace, const SimParams& params);
+// lower_bound(trace, params).ns; with `fetches`, also its MIN_H2D.
+std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, MinFetch* fetches = nullptr);
 
 struct CellResult {
   std::string trace;          // CompiledTrace::name
@@ -22,32 +38,30 @@ struct CellResult {
   std::string link;
   std::uint64_t capacity_bytes = 0;
   double capacity_frac = 0;   // capacity / peak footprint
-  std::uint64_t bound_ns = 0; // max(compute, MIN_H2D / B_h2d)
+  std::uint64_t bound_ns = 0;      // LowerBound::ns
+  std::uint64_t h2d_bound_ns = 0;  // LowerBound::h2d_ns: max(compute, MIN_H2D / B_h2d)
+  std::uint64_t cut_bound_ns = 0;  // LowerBound::cut.ns
   MinFetch min_fetch;         // MIN_H2D: misses and their bytes
   SimStats sim;
   Stats engine;
 };
 
-// The lower bound (issue 3 §5): max(compute time, min_fetch().bytes / B_h2d), in ns. It is
-// the physical limit of the trace's true accesses: compute it on the `none` view (under
-// another view, a trace's frees are hidden from the Engine but its tensors still die).
-std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, MinFetch* fetches = nullptr);
-
 // The oracle's view of `trace` (every launch's chunks with next uses) at `capacity_chunks`.
 spillway::OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chunks);
 
 // Runs `policy` (any of sim_policy_names()) over `trace` at params.capacity_bytes.
-// Deterministic. With `spans`, records the timeline there. `min_fetch`, when given, is
-// min_fetch() at this capacity, computed earlier (the sweep shares it among policies).
+// Deterministic. With `spans`, records the timeline there. `bound`, when given, is
+// lower_bound() of this trace's `none` view at these parameters, computed earlier (the sweep
+// shares it among policies); otherwise it is computed on `trace`.
 // Throws std::invalid_argument for an unknown policy. Thread-safe for distinct calls (the
 // trace is only read).
 CellResult run_cell(const CompiledTrace& trace, const std::string& policy, const SimParams& params,
-                    std::vector<Span>* spans = nullptr, const MinFetch* min_fetch = nullptr);
+                    std::vector<Span>* spans = nullptr, const LowerBound* bound = nullptr);
 // The same with a policy instance the caller made (e.g. one wrapped to log its decisions,
 // or with non-default parameters). `policy` must not be null; the oracle's future must
 // outlive the call. Results name the policy by Policy::name().
 CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,
-                    std::vector<Span>* spans = nullptr, const MinFetch* min_fetch = nullptr);
+                    std::vector<Span>* spans = nullptr, const LowerBound* bound = nullptr);
 
 // Writes `spans` as a Chrome/Perfetto trace-event JSON file (open in ui.perfetto.dev or
 // chrome://tracing): kernels, prefetches, evictions and fault stalls on their own tracks.
