@@ -33,6 +33,7 @@ void LearnedPolicy::on_alloc(const Block& block, Actions&) {
     ChunkInfo& i = chunks_[c];
     i.allocated = true;
     i.advised = false;  // a new block: no advice on it
+    if (i.blocks == 0) i.read_mostly = false;
     if (i.blocks++ == 0 || i.end_offset == 0) {
       // Offsets from the chunk's start: [addr_offset, end_offset) is within [0, 2 MiB].
       const std::uint64_t lo = c * kChunkBytes;
@@ -49,6 +50,7 @@ void LearnedPolicy::on_free(const Block& block, Actions&) {
     if (record == nullptr) continue;
     ChunkInfo& i = *record;
     if (i.blocks > 0) --i.blocks;
+    if (i.blocks == 0) i.read_mostly = false;  // (the driver drops a freed range's advice)
     // The address kept for the chunk was in this block: none is known until the next
     // allocation there (another live block may remain; its range is not known here).
     const std::uint64_t lo = c * kChunkBytes;
@@ -72,10 +74,11 @@ std::uint32_t LearnedPolicy::signature(std::vector<std::uint32_t>& by_position, 
   return by_position[position];
 }
 
-void LearnedPolicy::observe(std::uint32_t sig, bool dead, std::uint64_t distance) {
+void LearnedPolicy::observe(std::uint32_t sig, bool dead, std::uint64_t distance, bool next_writes) {
   SigInfo& s = sigs_[sig];
   // EWMA, weight 1/4 to the newest outcome (as the durations).
   s.dead = 0.75 * s.dead + (dead ? 0.25 : 0.0);
+  s.writes = s.writes < 0 ? (next_writes ? 1.0 : 0.0) : 0.75 * s.writes + (next_writes ? 0.25 : 0.0);
   if (dead) return;
   const double d = static_cast<double>(distance);
   s.reuse = s.reuse == 0 ? d : 0.75 * s.reuse + 0.25 * d;
@@ -208,18 +211,21 @@ std::uint32_t LearnedPolicy::append(const Launch& launch, IdInfo** id_out) {
       const std::uint32_t t = static_cast<std::uint32_t>(touches_.size());
       const bool first = info.last_touch == kNone;
       if (!first) {
-        if (touches_[info.last_touch].entry == n) continue;  // already in this launch's footprint
+        if (touches_[info.last_touch].entry == n) {  // already in this launch's footprint
+          touches_[info.last_touch].write = touches_[info.last_touch].write || (launch.writes_known && a.write);
+          continue;
+        }
         touches_[info.last_touch].next = t;
       }
       if (!replaying_) {
-        if (info.sig != kNone && !info.allocated) observe(info.sig, false, seq_ - info.last_seq);
+        if (info.sig != kNone && !info.allocated) observe(info.sig, false, seq_ - info.last_seq, launch.writes_known && a.write);
         info.sig = sig;
         info.last_seq = seq_;
       }
       info.last_touch = t;
       const bool fresh = first || info.allocated;
       if (!replaying_) info.allocated = false;  // (a replay re-links old touches: what came since stays)
-      touches_.push_back(Touch{c, &info, kNone, n, fresh});
+      touches_.push_back(Touch{c, &info, kNone, n, fresh, launch.writes_known && a.write});
       touched_.push_back(&info);
     }
   }
@@ -385,10 +391,13 @@ void LearnedPolicy::compact(std::uint64_t keep_bytes, std::uint64_t keep_entries
   const auto replay = [&](std::uint32_t i) {
     const Entry& e = old_log[i];
     acc.clear();
-    for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) acc.push_back(Access{old_touches[t].chunk * kChunkBytes, kChunkBytes, false});
+    for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
+      acc.push_back(Access{old_touches[t].chunk * kChunkBytes, kChunkBytes, old_touches[t].write});
+    }
     Launch l;
     l.exec_id = e.exec_id;
     l.accesses = acc;
+    l.writes_known = true;  // (the write bits kept are those of launches that knew them)
     IdInfo* id = nullptr;
     const std::uint32_t n = append(l, &id);
     locate(n, *id);
@@ -475,16 +484,28 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     const ChunkIndex c = touches_[cur.touch_begin + i].chunk;
     ChunkInfo& info = *touched_[i];
     std::uint64_t nu = seq_ + std::max<std::uint64_t>(period_, 1);
+    // Unpredicted: what usually follows a touch by this signature (its next touch writes
+    // less often than not), else as it is.
+    bool read_mostly = info.read_mostly;
+    if (info.sig != kNone && sigs_[info.sig].writes >= 0) read_mostly = sigs_[info.sig].writes < 0.5;
+    if (touches_[cur.touch_begin + i].write) read_mostly = false;
     if (zip && touches_[log_[found].touch_begin + i].chunk == c) {
       const std::uint32_t nt = touches_[log_[found].touch_begin + i].next;
       // No later touch, or the next one is on a new block (this one is freed first): dead.
       nu = nt == kNone || touches_[nt].fresh ? kFar : seq_ + (touches_[nt].entry - found);
+      if (!touches_[cur.touch_begin + i].write) read_mostly = nu == kFar || !touches_[nt].write;
     } else {
       const std::uint64_t g = guess_next_use(info);
       if (g != 0) {
         nu = g;
         ++sig_predicted_;
       }
+    }
+    if (launch.writes_known && read_mostly != info.read_mostly && info.blocks > 0 && info.end_offset != 0) {
+      const std::uint64_t addr = c * kChunkBytes + info.addr_offset, bytes = info.end_offset - info.addr_offset;
+      actions.advise(addr, bytes, read_mostly ? Advice::read_mostly : Advice::unset_read_mostly, Location::gpu);
+      info.read_mostly = read_mostly;
+      ++read_mostly_advice_;
     }
     info.mark = stamp_ + kCurrent;
     prefetch_outcome(info, info.nu >= seq_);  // used by the launch it was fetched for

@@ -12,7 +12,12 @@
 //   * evict ("learned Belady"): the resident chunk whose predicted next use is furthest;
 //     chunks predicted inside the lookahead are never chosen while any other is available;
 //     a chunk whose predicted use has passed without it being touched is a misprediction and
-//     goes first, unless what usually follows its last touch says it is still wanted.
+//     goes first, unless what usually follows its last touch says it is still wanted;
+//   * read-mostly (issue 13 item 3), when the launches say which accesses write
+//     (Launch::writes_known): a chunk a launch only reads, and whose next touch in the
+//     history only reads it too (or frees it), is advised read-mostly, so that evicting it
+//     costs no write-back; a chunk a launch writes is un-advised before it (a write to a
+//     read-mostly copy faults to collapse the copies).
 // Where the history says nothing (no match, or a footprint that differs from it), a chunk's
 // next use is guessed from its signature — the kernel name and argument position of its last
 // touch — which learns from every chunk how soon data touched that way is used again, or
@@ -130,6 +135,7 @@ class LearnedPolicy final : public Policy {
   std::uint64_t hits() const { return hits_; }      // launches that matched the prediction
   std::uint64_t resyncs() const { return resyncs_; }  // matches found again after a divergence
   std::uint64_t remote_chunks() const { return remote_; }  // footprint chunks left for remote access
+  std::uint64_t read_mostly_advice() const { return read_mostly_advice_; }  // read-mostly advice set or unset
   std::uint64_t scanned() const { return scanned_; }  // predicted launches examined by the lookahead
   std::uint64_t signature_predictions() const { return sig_predicted_; }  // next uses predicted by signature
   std::uint64_t budget_chunks() const { return budget_chunks_; }
@@ -156,6 +162,7 @@ class LearnedPolicy final : public Policy {
     std::uint32_t next;  // index in touches_ of the next touch of this chunk, or kNone
     std::uint32_t entry; // log entry holding this touch
     bool fresh;          // the chunk's block was allocated since its previous touch
+    bool write;          // the launch writes the chunk (Launch::writes_known)
   };
   struct Entry {
     std::uint64_t exec_id;
@@ -171,6 +178,7 @@ class LearnedPolicy final : public Policy {
     bool allocated = false;            // a block was allocated on it since its last touch
     bool advised = false;              // remote-access advice set on the live block here
     bool resident = false;             // in the Engine's plan (on_residency)
+    bool read_mostly = false;          // read-mostly advice set on the live block here
     std::uint8_t pf_age = kNoAge;      // anchor age (streak) of the prefetch awaiting its use
     std::uint64_t remote = 0;          // stamp_ of the launch that leaves it remote
     std::uint64_t nu = kFar;           // predicted next use (launch seq)
@@ -185,6 +193,7 @@ class LearnedPolicy final : public Policy {
   struct SigInfo {
     double reuse = 0;   // EWMA of reuse distances, launches (0: none seen)
     double dead = 0;    // EWMA of "freed before the next touch" (0..1)
+    double writes = -1; // EWMA of "the next touch writes" (0..1; a free counts as no write), -1: none seen
   };
   // Per execution id in the history: one look-up per launch for all of it, and none for its
   // signatures. Ids that only the forgotten half of the log held are dropped with it
@@ -215,7 +224,7 @@ class LearnedPolicy final : public Policy {
   std::uint32_t signature(std::vector<std::uint32_t>& by_position, std::uint32_t position);
   std::uint64_t guess_next_use(const ChunkInfo& info) const;
   void refresh_stale();
-  void observe(std::uint32_t sig, bool dead, std::uint64_t distance);
+  void observe(std::uint32_t sig, bool dead, std::uint64_t distance, bool next_writes = false);
   void prefetch_outcome(ChunkInfo& info, bool used);
   std::uint64_t dur_of(std::uint64_t exec_id) const;
 
@@ -273,7 +282,7 @@ class LearnedPolicy final : public Policy {
   bool hint_valid_ = false;
   std::uint64_t stamp_ = 0;  // advances by 4 per launch (ChunkInfo::mark)
   std::vector<std::pair<ChunkInfo*, std::uint64_t>> deferred_;  // next-use updates of resident chunks, made after the walk
-  std::uint64_t hits_ = 0, resyncs_ = 0, scanned_ = 0, remote_ = 0;
+  std::uint64_t hits_ = 0, resyncs_ = 0, scanned_ = 0, remote_ = 0, read_mostly_advice_ = 0;
   struct Missing {
     ChunkIndex chunk;
     ChunkInfo* info;

@@ -114,10 +114,26 @@ bool CorrelationPolicy::choose_victim(const VictimQuery& query, ChunkIndex* vict
 
 // ---- oracle ----
 
-OraclePolicy::OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches)
-    : future_(future), max_lookahead_(max_lookahead_launches) {}
+OraclePolicy::OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches, bool read_mostly)
+    : future_(future), max_lookahead_(max_lookahead_launches), use_read_mostly_(read_mostly) {}
 
 void OraclePolicy::on_alloc(const Block&, Actions&) { ++allocs_seen_; }
+
+void OraclePolicy::on_free(const Block& block, Actions&) {
+  if (block.bytes == 0) return;
+  // A freed block's chunks lose their advice with it (the simulator's free_managed).
+  for (ChunkIndex c = block.base / kChunkBytes, last = (block.end() - 1) / kChunkBytes; c <= last; ++c) read_mostly_.erase(c);
+}
+
+void OraclePolicy::mark_read_mostly(std::uint32_t i, Actions& actions) {
+  const OracleFuture::Touch& t = future_.touches[i];
+  const bool want = !t.write && (t.next == kNoUse || !future_.touches[t.next].write);
+  const bool marked = read_mostly_.count(t.chunk) != 0;
+  if (want == marked) return;
+  actions.advise(t.chunk * kChunkBytes, kChunkBytes, want ? Advice::read_mostly : Advice::unset_read_mostly, Location::gpu);
+  if (want) read_mostly_.insert(t.chunk);
+  else read_mostly_.erase(t.chunk);
+}
 
 std::uint32_t OraclePolicy::next_use(ChunkIndex c) const {
   auto it = next_use_.find(c);
@@ -171,6 +187,7 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
   for (std::uint32_t i = future_.launch_begin[k]; i < future_.launch_end[k]; ++i) {
     set_next_use(touches[i].chunk, touches[i].next);
     current.push_back(touches[i].chunk);
+    if (use_read_mostly_) mark_read_mostly(i, actions);
   }
   std::sort(current.begin(), current.end());
   auto is_current = [&](ChunkIndex c) { return std::binary_search(current.begin(), current.end(), c); };

@@ -113,6 +113,7 @@ struct OracleFuture {
     std::uint32_t next;   // index in touches of the next touch of the same chunk and block, or UINT32_MAX
     std::uint32_t block;  // allocation number (0 = the first on_alloc) of the block holding it
     bool min_hit;         // Belady's MIN at capacity_chunks finds the chunk resident here
+    bool write;           // this touch writes the chunk (kernel or host)
   };
   // (SpillArrays, spillway/spill_array.h: a long trace's future lies in files, and the
   // oracle releases what it has passed.)
@@ -128,19 +129,26 @@ struct OracleFuture {
 // A prefetch displaces a chunk early only if MIN does not keep that chunk until its next use
 // (`min_hit` of that use is false): evicting a chunk MIN keeps adds a fetch MIN does not make
 // (conservative prefetching, Cao, Felten, Karlin and Li, SIGMETRICS 1995).
+// Read-mostly (issue 13 item 3): a chunk a launch only reads is marked read-mostly when its
+// next touch does not write it either (or never comes), so that evicting it before then
+// costs no write-back; a chunk a launch writes is un-marked before it (a write to a
+// read-mostly copy faults to collapse the copies).
 class OraclePolicy final : public Policy {
  public:
   // `future` must outlive the policy.
-  explicit OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches = 256);
+  // Without `read_mostly`, it never sets read-mostly advice (the oracle before issue 13).
+  explicit OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches = 256, bool read_mostly = true);
   std::string_view name() const override { return "oracle"; }
   bool manages_residency() const override { return true; }
   void on_alloc(const Block& block, Actions& actions) override;
+  void on_free(const Block& block, Actions& actions) override;
   void on_launch(const Launch& launch, Actions& actions) override;
   bool choose_victim(const VictimQuery& query, ChunkIndex* victim) override;
   void on_residency(ChunkIndex chunk, bool resident) override;
 
  private:
   std::uint32_t next_use(ChunkIndex c) const;
+  void mark_read_mostly(std::uint32_t touch, Actions& actions);
   void set_next_use(ChunkIndex c, std::uint32_t next);
 
   const OracleFuture& future_;
@@ -149,6 +157,8 @@ class OraclePolicy final : public Policy {
   std::uint32_t cursor_ = 0;  // launches before this one have been considered for prefetch
   std::unordered_map<ChunkIndex, std::uint32_t> next_use_;
   std::set<std::pair<std::uint32_t, ChunkIndex>> resident_;  // (next use, chunk)
+  bool use_read_mostly_;
+  std::unordered_set<ChunkIndex> read_mostly_;  // chunks it has advised read-mostly
   // Within one launch's planning everything above the last victim is pinned (the Engine
   // pins what it fetches), so the next search may start there.
   std::pair<std::uint32_t, ChunkIndex> victim_hint_{};

@@ -159,6 +159,14 @@ TEST(LearnedTest, LinkBoundLoopReadsRemotelyInsteadOfThrashing) {
   EXPECT_LT(l.sim.time_ns, d.sim.time_ns);
 }
 
+// The oracle without read-mostly advice (as before issue 13): what learned's prefetching and
+// eviction are compared with where learned does not yet turn read-mostly into free
+// evictions as well as the oracle does.
+CellResult oracle_without_read_mostly(const CompiledTrace& t, const SimParams& p) {
+  const OracleFuture future = make_future(t, p.capacity_bytes / kChunkBytes);
+  return run_cell(t, std::make_unique<OraclePolicy>(future, 256, false), p);
+}
+
 // LLM decoding with a KV cache grown by concatenation: every step each layer reads its
 // weights, writes a new, larger cache block from the old one (cat; the old one is freed) and
 // reads the new one, so the cache moves to new addresses every step and execution ids seldom
@@ -195,10 +203,13 @@ TEST(LearnedTest, DecodingWithAMovingKvCacheStaysCloseToTheOracle) {
   const int layers = 16;
   CompiledTrace t = compile(kv_decode(layers, 12).t);
   SimParams p = slow_link(static_cast<std::uint64_t>(0.5 * static_cast<double>(t.peak_bytes) / kChunkBytes));
-  CellResult l = run_cell(t, "learned", p), c = run_cell(t, "correlation", p), o = run_cell(t, "oracle", p);
-  std::printf("h2d chunks: learned %lu correlation %lu oracle %lu; time learned %.1f correlation %.1f oracle %.1f ms\n",
+  CellResult l = run_cell(t, "learned", p), c = run_cell(t, "correlation", p), o = oracle_without_read_mostly(t, p);
+  CellResult rm = run_cell(t, "oracle", p);
+  std::printf("h2d chunks: learned %lu correlation %lu oracle %lu; time learned %.1f correlation %.1f oracle %.1f "
+              "(with read-mostly: %.1f) ms\n",
               l.sim.h2d_bytes / kChunkBytes, c.sim.h2d_bytes / kChunkBytes, o.sim.h2d_bytes / kChunkBytes,
-              l.sim.time_ns / 1e6, c.sim.time_ns / 1e6, o.sim.time_ns / 1e6);
+              l.sim.time_ns / 1e6, c.sim.time_ns / 1e6, o.sim.time_ns / 1e6, rm.sim.time_ns / 1e6);
+  EXPECT_LE(rm.sim.time_ns, o.sim.time_ns) << "read-mostly advice only removes write-backs";
   EXPECT_LE(2 * l.sim.h2d_bytes, c.sim.h2d_bytes);
   EXPECT_LE(static_cast<double>(l.sim.time_ns), 1.05 * static_cast<double>(o.sim.time_ns));
   EXPECT_LT(l.sim.time_ns, c.sim.time_ns);
@@ -265,10 +276,13 @@ TEST(LearnedTest, DecodeLoopWithSharedActivationsStaysNearMinOnABusyLink) {
   CompiledTrace t = compile(b.t);
   SimParams p = default_params();  // pcie5
   p.capacity_bytes = static_cast<std::uint64_t>(0.8 * static_cast<double>(t.peak_bytes)) / kChunkBytes * kChunkBytes;
-  CellResult l = run_cell(t, "learned", p), c = run_cell(t, "correlation", p), o = run_cell(t, "oracle", p);
-  std::printf("h2d MiB: learned %lu correlation %lu oracle %lu MIN %lu; time learned %.1f correlation %.1f oracle %.1f ms\n",
+  CellResult l = run_cell(t, "learned", p), c = run_cell(t, "correlation", p), o = oracle_without_read_mostly(t, p);
+  CellResult rm = run_cell(t, "oracle", p);
+  std::printf("h2d MiB: learned %lu correlation %lu oracle %lu MIN %lu; time learned %.1f correlation %.1f oracle %.1f "
+              "(with read-mostly: %.1f) ms\n",
               l.sim.h2d_bytes >> 20, c.sim.h2d_bytes >> 20, o.sim.h2d_bytes >> 20, l.min_fetch.bytes >> 20,
-              l.sim.time_ns / 1e6, c.sim.time_ns / 1e6, o.sim.time_ns / 1e6);
+              l.sim.time_ns / 1e6, c.sim.time_ns / 1e6, o.sim.time_ns / 1e6, rm.sim.time_ns / 1e6);
+  EXPECT_LE(rm.sim.time_ns, o.sim.time_ns) << "read-mostly advice only removes write-backs";
   EXPECT_LE(static_cast<double>(l.sim.h2d_bytes), 2.0 * static_cast<double>(l.min_fetch.bytes));  // was 4.7x
   EXPECT_LE(static_cast<double>(l.sim.time_ns), 1.5 * static_cast<double>(o.sim.time_ns));        // was 2.9x
   EXPECT_LT(2 * l.sim.time_ns, c.sim.time_ns);
@@ -590,6 +604,81 @@ TEST(LearnedTest, IdsThatDoNotRecurAreForgottenWithTheHistory) {
     ASSERT_LE(d.policy.known_ids(), max_log) << "launch " << s;
   }
   EXPECT_GE(d.policy.known_ids(), max_log / 2);
+}
+
+}  // namespace
+}  // namespace spillway::sim
+
+namespace spillway::sim {
+namespace {
+
+// Issue 13 item 3: weights written once, then only read, cycled through a GPU that holds
+// half of them (inference). Once a weight has been written back, its evictions need no
+// write-back when it is read-mostly: the oracle and learned advise it, and their D2H falls
+// to the first write-backs, where without the advice every eviction writes back.
+Builder read_only_loop() {
+  Builder b;
+  for (std::uint64_t w = 1; w <= 8; ++w) b.alloc(w, kChunkBytes).kernel("load", kMs / 10, {}, {w});
+  for (int step = 0; step < 10; ++step) {
+    for (std::uint64_t w = 1; w <= 8; ++w) b.kernel("mm" + std::to_string(w), kMs / 10, {w});
+  }
+  return b;
+}
+
+TEST(ReadMostly, UnwrittenWeightsLeaveWithoutWriteBack) {
+  CompiledTrace t = compile(read_only_loop().t);
+  SimParams p = slow_link(4);
+  const CellResult without = oracle_without_read_mostly(t, p);
+  for (const char* name : {"oracle", "learned"}) {
+    const CellResult r = run_cell(t, name, p);
+    std::printf("%s: H2D %lu, D2H %lu chunks, %lu clean drops (oracle without read-mostly: D2H %lu)\n", name,
+                r.sim.h2d_bytes / kChunkBytes, r.sim.d2h_bytes / kChunkBytes, r.sim.clean_drops, without.sim.d2h_bytes / kChunkBytes);
+    EXPECT_GT(r.sim.clean_drops, 0u) << name;
+    EXPECT_EQ(r.sim.collapses, 0u) << name << ": nothing read-mostly is written";
+    EXPECT_LE(10 * r.sim.d2h_bytes, 3 * r.sim.h2d_bytes) << name;
+    EXPECT_LT(r.sim.d2h_bytes, without.sim.d2h_bytes) << name;
+  }
+  EXPECT_GE(without.sim.d2h_bytes, without.sim.h2d_bytes) << "without the advice every eviction writes back";
+}
+
+// Where the launches do not say which accesses write (the shim; the `pytorch` view), learned
+// sets no read-mostly advice: a guess would make every write fault.
+TEST(ReadMostly, LearnedAdvisesNothingWhenWritesAreUnknown) {
+  Builder b = read_only_loop();
+  CompiledTrace seen = compile(b.t, AllocatorView::pytorch), none = compile(b.t);
+  SimParams p = slow_link(4);
+  auto policy = std::make_unique<LearnedPolicy>();
+  LearnedPolicy* learned = policy.get();
+  const CellResult r = run_cell(seen, std::move(policy), p);
+  EXPECT_EQ(learned->read_mostly_advice(), 0u);
+  EXPECT_EQ(r.sim.clean_drops, 0u);
+  auto knowing = std::make_unique<LearnedPolicy>();
+  LearnedPolicy* k = knowing.get();
+  run_cell(none, std::move(knowing), p);
+  EXPECT_GT(k->read_mostly_advice(), 0u);
+}
+
+// A write to a resident read-mostly copy faults to collapse the copies (no data moves), and
+// the chunk is then written back when it leaves.
+TEST(ReadMostly, AWriteToAReadMostlyCopyFaultsAndIsWrittenBack) {
+  Builder b;
+  b.alloc(1, kChunkBytes);
+  b.kernel("read", kMs, {1}).kernel("write", kMs, {}, {1});
+  CompiledTrace t = compile(b.t);
+  SimBackend g(t, slow_link(4));
+  std::uint64_t a = 0;
+  g.expect_block(0);
+  ASSERT_TRUE(g.allocate_managed(kChunkBytes, &a).ok());
+  ASSERT_TRUE(g.advise(a, kChunkBytes, Advice::read_mostly, Location::gpu, 0).ok());
+  g.run(0);  // first touch: created on the GPU
+  g.run(1);
+  EXPECT_EQ(g.stats().collapses, 1u);
+  EXPECT_EQ(g.stats().faults, 32u) << "one per 64 KiB written";
+  EXPECT_EQ(g.stats().h2d_bytes, 0u);
+  EXPECT_EQ(g.stats().time_ns, 2 * kMs + 10'000) << "one fault batch";
+  ASSERT_TRUE(g.prefetch(a, kChunkBytes, Location::cpu, 0).ok());
+  EXPECT_EQ(g.stats().d2h_bytes, kChunkBytes) << "written: no longer a clean copy";
+  EXPECT_EQ(g.stats().clean_drops, 0u);
 }
 
 }  // namespace

@@ -87,7 +87,10 @@ void SimBackend::leave(std::uint32_t c) {
 
 std::uint64_t SimBackend::write_back(std::uint32_t c, std::uint64_t not_before) {
   std::uint64_t start = std::max({not_before, t_d2h_, ready_[c]});
-  if ((flags_[c] & read_mostly) && !(flags_[c] & dirty)) return start;  // a valid copy stays on the CPU
+  if ((flags_[c] & read_mostly) && !(flags_[c] & dirty)) {  // a valid copy stays on the CPU
+    ++stats_.clean_drops;
+    return start;
+  }
   std::uint64_t done = start + copy_ns(params_.link.d2h_bytes_per_s, kChunkBytes);
   t_d2h_ = done;
   stats_.d2h_bytes += kChunkBytes;
@@ -233,7 +236,7 @@ void SimBackend::run(std::uint32_t index) {
   ++epoch_;
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) pin_[touches[j].chunk] = epoch_;
   const std::uint64_t t0 = t_compute_;
-  std::uint64_t ready = t0, remote_in = 0, remote_out = 0;
+  std::uint64_t ready = t0, remote_in = 0, remote_out = 0, collapse_faults = 0;
   // A touch served over the link: its reads come in, its writes go out; a chunk never
   // touched before is then made on the host (its pages are created where they are touched).
   auto remote = [&](const ChunkTouch& tt) {
@@ -248,6 +251,12 @@ void SimBackend::run(std::uint32_t index) {
     std::uint8_t f = flags_[c];
     if (state_[c] == gpu) {
       if (ready_[c] > ready) ready = ready_[c];
+      // A write to a read-mostly copy faults (it is mapped read-only) and the driver
+      // collapses the copies: the CPU's is invalidated, no data moves.
+      if (tt.write && (f & read_mostly) && !(f & dirty)) {
+        collapse_faults += (tt.write_bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
+        ++stats_.collapses;
+      }
       if (f & unused_prefetch) {
         stats_.prefetch_used_bytes += kChunkBytes;
         flags_[c] = f & static_cast<std::uint8_t>(~unused_prefetch);
@@ -259,7 +268,7 @@ void SimBackend::run(std::uint32_t index) {
     }
   }
   stats_.wait_ns += ready - t0;
-  std::uint64_t t = ready, faults = 0, fault_copy = 0;
+  std::uint64_t t = ready, faults = collapse_faults, fault_copy = 0;
   for (std::uint32_t j : missing_) {
     const ChunkTouch& tt = touches[j];
     std::uint32_t c = tt.chunk;

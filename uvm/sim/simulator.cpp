@@ -33,7 +33,7 @@ OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chun
   min_fetch(trace, capacity_chunks, &min_hits);
   for (std::size_t i = 0; i < trace.touches.size(); ++i) {
     const ChunkTouch& t = trace.touches[i];
-    f.touches.push_back({trace.absolute_chunk(t.chunk), t.next, t.block, static_cast<bool>(min_hits[i])});
+    f.touches.push_back({trace.absolute_chunk(t.chunk), t.next, t.block, static_cast<bool>(min_hits[i]), t.write});
     if ((i & 0xfffff) == 0xfffff) {  // written in order: what lies behind goes to the file
       trace.touches.release(0, i);
       f.touches.release(0, i);
@@ -106,6 +106,7 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
         l.accesses = std::span<const Access>(trace.accesses.data() + k.access_begin, k.access_end - k.access_begin);
         l.dur_ns = k.dur_ns;
         l.now_ns = backend.now();
+        l.writes_known = trace.allocator != AllocatorView::pytorch;
         engine.launch(l);
         backend.begin_launch(l.seq);
         backend.run(op.index);

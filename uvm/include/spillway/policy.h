@@ -49,6 +49,10 @@ struct Launch {
   std::uint64_t now_ns = 0;       // issue time in ns (simulated time, or a steady clock)
   int device = -1;                // the launching context's device (cuCtxGetDevice); -1: unknown,
                                   // taken to be the Engine's device (the simulator's launches)
+  // The accesses' `write` flags are true: an access not marked `write` only reads. False in
+  // the shim, whose launch hook sees pointers, not whether the kernel writes through them,
+  // and under the simulator's `pytorch` view (the same); true for the simulator's other views.
+  bool writes_known = false;
 };
 
 // The Engine's question when it must evict: may `chunk` go? Pinned chunks (the current

@@ -8,8 +8,9 @@
 // than a prefetch. When the GPU is full the driver evicts root chunks oldest-migrated-first.
 // Advice: accessed-by GPU on a chunk that is not resident, or preferred location CPU, makes
 // the GPU access it remotely over the link (a fresh chunk so touched is then on the host);
-// read-mostly makes eviction of an unwritten chunk free. Deterministic: no clocks, no
-// randomness, no hashing of pointers.
+// read-mostly makes eviction of an unwritten chunk free, and a write to such a resident copy
+// faults (a fault per 64 KiB written, in the kernel's fault batches) to collapse the copies.
+// Deterministic: no clocks, no randomness, no hashing of pointers.
 //
 // Not thread-safe: one simulation per instance (run many instances in parallel).
 #pragma once
@@ -32,7 +33,9 @@ struct SimStats {
   std::uint64_t compute_ns = 0;        // sum of kernel durations
   std::uint64_t h2d_bytes = 0;         // prefetched + fault-migrated + read remotely
   std::uint64_t d2h_bytes = 0;         // written back on eviction (Engine's or the driver's) + written remotely + host faults
-  std::uint64_t faults = 0;            // GPU faults at fault granularity (after the density prefetcher)
+  std::uint64_t faults = 0;            // GPU faults at fault granularity (after the density prefetcher; with collapses')
+  std::uint64_t clean_drops = 0;       // evictions of an unwritten read-mostly chunk: no write-back
+  std::uint64_t collapses = 0;         // writes to a resident, unwritten read-mostly chunk (its copies collapse)
   std::uint64_t fault_batches = 0;
   std::uint64_t fault_stall_ns = 0;    // time kernels waited for faults
   std::uint64_t wait_ns = 0;           // time kernels waited for prefetches still in flight
