@@ -186,7 +186,7 @@ struct SimCommands::Options {
     }
     if (fault_slowdown) p.fault_slowdown = in_range("--fault-slowdown", *fault_slowdown, 1, 1000, "");
     if (density) p.density_threshold = in_range("--density-threshold", *density, 0, 1, "");
-    if (remote_eff) p.remote_efficiency = in_range("--remote-efficiency", *remote_eff, 0.001, 10, "");
+    if (remote_eff) p.remote_efficiency = in_range("--remote-efficiency", *remote_eff, 0.001, 1, "");  // (above 1 a copy engine would move more than the link: the bound assumes it cannot)
     if (fault_feedback == "on") p.fault_feedback = true;
     else if (fault_feedback == "off") p.fault_feedback = false;
     else throw UsageError{fmt::format("invalid --fault-feedback '{}': expected on or off", fault_feedback)};
@@ -393,8 +393,11 @@ int run_sweep(SimCommands::Options& o) {
       for (std::size_t v = 0; v < views.size(); ++v)
         for (std::size_t p = 0; p < policies.size(); ++p) cells.push_back({t, v, c, p});
   // The bound of each (trace, capacity), shared by its policies.
-  std::vector<sim::LowerBound> bounds(traces.size() * caps.size());
-  std::vector<std::once_flag> fetch_once(traces.size() * caps.size());
+  // The bound of each (trace, capacity), shared by its policies: that of the `none` view (the
+  // true accesses), and under a view that places several tensors in one chunk the smaller of
+  // it and the bound of that view's placement (sim::view_bound).
+  std::vector<sim::LowerBound> bounds(traces.size() * caps.size()), view_bounds(traces.size() * caps.size() * views.size());
+  std::vector<std::once_flag> fetch_once(traces.size() * caps.size()), view_once(traces.size() * caps.size() * views.size());
   // Run the costliest cells first (more chunk touches; oracle and correlation do the most
   // work per touch) so that no long cell is left alone at the end; results keep table order.
   std::vector<std::size_t> order(cells.size());
@@ -420,7 +423,9 @@ int run_sweep(SimCommands::Options& o) {
       try {
         p.capacity_bytes = capacity_bytes(caps[cell.cap], truth);
         std::call_once(fetch_once[key], [&] { bounds[key] = sim::lower_bound(truth, p); });
-        results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &bounds[key]);
+        const std::size_t vkey = key * views.size() + cell.view;
+        std::call_once(view_once[vkey], [&] { view_bounds[vkey] = sim::view_bound(bounds[key], t, p); });
+        results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &view_bounds[vkey]);
       } catch (...) {
         std::lock_guard lock(print_mutex);
         if (!failure) failure = std::current_exception();
@@ -486,7 +491,7 @@ int run_replay(SimCommands::Options& o) {
   sim::CompiledTrace viewed = views[0] == sim::AllocatorView::none ? sim::CompiledTrace{} : sim::compile_file(o.replay_trace, views[0]);
   const sim::CompiledTrace& t = views[0] == sim::AllocatorView::none ? truth : viewed;
   p.capacity_bytes = capacity_bytes(cap, truth);
-  const sim::LowerBound bound = sim::lower_bound(truth, p);
+  const sim::LowerBound bound = sim::view_bound(sim::lower_bound(truth, p), t, p);
   std::vector<sim::Span> spans;
   sim::CellResult r = sim::run_cell(t, policy, p, o.timeline.empty() ? nullptr : &spans, &bound);
   print_table(std::cout, {r});

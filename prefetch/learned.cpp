@@ -505,7 +505,6 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
       const std::uint64_t addr = c * kChunkBytes + info.addr_offset, bytes = info.end_offset - info.addr_offset;
       actions.advise(addr, bytes, read_mostly ? Advice::read_mostly : Advice::unset_read_mostly, Location::gpu);
       info.read_mostly = read_mostly;
-      ++read_mostly_advice_;
     }
     info.mark = stamp_ + kCurrent;
     prefetch_outcome(info, info.nu >= seq_);  // used by the launch it was fetched for

@@ -135,7 +135,6 @@ class LearnedPolicy final : public Policy {
   std::uint64_t hits() const { return hits_; }      // launches that matched the prediction
   std::uint64_t resyncs() const { return resyncs_; }  // matches found again after a divergence
   std::uint64_t remote_chunks() const { return remote_; }  // footprint chunks left for remote access
-  std::uint64_t read_mostly_advice() const { return read_mostly_advice_; }  // read-mostly advice set or unset
   std::uint64_t scanned() const { return scanned_; }  // predicted launches examined by the lookahead
   std::uint64_t signature_predictions() const { return sig_predicted_; }  // next uses predicted by signature
   std::uint64_t budget_chunks() const { return budget_chunks_; }
@@ -282,7 +281,7 @@ class LearnedPolicy final : public Policy {
   bool hint_valid_ = false;
   std::uint64_t stamp_ = 0;  // advances by 4 per launch (ChunkInfo::mark)
   std::vector<std::pair<ChunkInfo*, std::uint64_t>> deferred_;  // next-use updates of resident chunks, made after the walk
-  std::uint64_t hits_ = 0, resyncs_ = 0, scanned_ = 0, remote_ = 0, read_mostly_advice_ = 0;
+  std::uint64_t hits_ = 0, resyncs_ = 0, scanned_ = 0, remote_ = 0;
   struct Missing {
     ChunkIndex chunk;
     ChunkInfo* info;

@@ -134,7 +134,9 @@ std::vector<Crossing> crossings_at(const CompiledTrace& t, const Positions& pos,
         w = last_write[c];
       }
       std::uint32_t k = next;
-      while (k != kNever && t.touches[k].host) k = t.touches[k].next;
+      // (Past at most 64 host touches in a row the chunk is taken to owe nothing: a bound may
+      // leave a cost out, never add one.)
+      for (int hops = 0; k != kNever && t.touches[k].host; ++hops) k = hops < 64 ? t.touches[k].next : kNever;
       std::uint32_t h = 0, nk = kNever;
       if (k != kNever && t.touches[k].read_bytes > 0) {
         h = t.touches[k].read_bytes;
@@ -232,14 +234,32 @@ CutTable table_of(const Crossing& x, std::uint32_t before, std::uint32_t after, 
     for (std::uint32_t g = 0; g <= W; ++g) {
       if (b == 0 && g == 0) continue;
       for (Item& it : items) it.cost = (u128{b} * it.h * link.d2h + u128{g} * it.d * link.h2d) * 1000000000u;
-      std::sort(items.begin(), items.end(), [](const Item& l, const Item& r) { return l.cost < r.cost; });
+      // The sum of the `off` cheapest chunks: a weighted selection (quickselect on the
+      // items, each holding `chunks` chunks of one cost), expected O(items).
       u128 sum = 0;
       std::uint64_t left = off;
-      for (const Item& it : items) {
-        if (left == 0) break;
-        const std::uint64_t take = std::min(left, it.chunks);
-        sum += it.cost * take;
+      std::size_t lo = 0, hi = items.size();
+      auto cheaper = [](const Item& l, const Item& r) { return l.cost < r.cost; };
+      while (left > 0 && lo < hi) {
+        const std::size_t mid = lo + (hi - lo) / 2;
+        std::nth_element(items.begin() + static_cast<std::ptrdiff_t>(lo), items.begin() + static_cast<std::ptrdiff_t>(mid),
+                         items.begin() + static_cast<std::ptrdiff_t>(hi), cheaper);
+        std::uint64_t below = 0;  // chunks in [lo, mid): none costs more than items[mid]
+        u128 below_cost = 0;
+        for (std::size_t i = lo; i < mid; ++i) {
+          below += items[i].chunks;
+          below_cost += items[i].cost * items[i].chunks;
+        }
+        if (below >= left) {
+          hi = mid;
+          continue;
+        }
+        sum += below_cost;
+        left -= below;
+        const std::uint64_t take = std::min(left, items[mid].chunks);
+        sum += items[mid].cost * take;
         left -= take;
+        lo = mid + 1;
       }
       table.ns[b][g] = static_cast<std::uint64_t>(sum / denominator);
     }
@@ -378,7 +398,8 @@ CutBound search_cut_bound(const CompiledTrace& trace, const SimParams& params, c
     return e;
   };
   // Thin to the limits: every other candidate, until within them.
-  while (candidates.size() > search.max_candidates || (candidates.size() > 2 && entries_of(candidates) > search.max_entries)) {
+  const std::size_t max_candidates = std::min<std::size_t>(search.max_candidates, std::size_t{1} << 20);
+  while (candidates.size() > max_candidates || (candidates.size() > 2 && entries_of(candidates) > search.max_entries)) {
     std::vector<std::uint32_t> kept;
     for (std::size_t i = 0; i < candidates.size(); i += 2) kept.push_back(candidates[i]);
     candidates.swap(kept);
@@ -393,9 +414,18 @@ CutBound search_cut_bound(const CompiledTrace& trace, const SimParams& params, c
     if (static_cast<std::size_t>(i) >= cuts.size()) return n;
     return candidates[cuts[i]];
   };
+  // Tables by (candidate, previous cut, next cut): the local moves ask for the same ones
+  // again and again.
+  std::unordered_map<std::uint64_t, CutTable> tables_seen;
   auto table = [&](const std::vector<std::uint32_t>& cuts, std::size_t i) {
-    return table_of(crossing[cuts[i]], position(cuts, static_cast<std::ptrdiff_t>(i) - 1), position(cuts, static_cast<std::ptrdiff_t>(i) + 1),
-                    capacity, link);
+    const std::uint32_t before = position(cuts, static_cast<std::ptrdiff_t>(i) - 1), after = position(cuts, static_cast<std::ptrdiff_t>(i) + 1);
+    // The key: the candidate indices of the cut and its neighbours (+1; 0: none), 21 bits each
+    // (at most 2^20 candidates, see the thinning above).
+    const std::uint64_t prev = i == 0 ? 0 : cuts[i - 1] + 1, next = i + 1 == cuts.size() ? 0 : cuts[i + 1] + 1;
+    const std::uint64_t key = (std::uint64_t{cuts[i]} + 1) << 42 | prev << 21 | next;
+    auto [it, added] = tables_seen.try_emplace(key);
+    if (added) it->second = table_of(crossing[cuts[i]], before, after, capacity, link);
+    return it->second;
   };
   std::vector<std::uint32_t> cut_positions;
   auto value = [&](const std::vector<std::uint32_t>& cuts, const std::vector<CutTable>& t) {

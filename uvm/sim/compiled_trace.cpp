@@ -287,7 +287,7 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
             } else {
               merge_epoch[c] = event_no;
               merge_at[c] = static_cast<std::uint32_t>(ct.touches.size());
-              ChunkTouch tt{c, bytes, kNever, seq};
+              ChunkTouch tt{c, bytes, kNever, seq, kNever};
               (write ? tt.write_bytes : tt.read_bytes) = bytes;
               tt.write = write;
               tt.host = k.host;
@@ -326,7 +326,7 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
 
   // Next use of each touch (same chunk, same block instance; kernels and host events both
   // count) and first touches since alloc.
-  std::vector<std::uint32_t> next_pos(ct.arena_chunks, kNever);
+  std::vector<std::uint32_t> next_pos(ct.arena_chunks, kNever), next_read_pos(ct.arena_chunks, kNever);
   std::size_t first_block = ct.blocks.size();  // the backward pass has passed the allocs of blocks from here on
   for (std::size_t i = ct.ops.size(); i-- > 0;) {
     if ((i & 0xffff) == 0) {  // (this pass walks backward: what it has passed lies after i)
@@ -338,13 +338,15 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
     if (op.kind == Op::Kind::alloc) {
       const BlockPlacement& b = ct.blocks[op.index];
       if (!b.fresh) continue;  // (a chunk other live blocks hold: its use goes on)
-      for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) next_pos[c] = kNever;
+      for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) next_pos[c] = next_read_pos[c] = kNever;
     } else if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) {
       const KernelRecord& k = ct.kernels[op.index];
       for (std::uint32_t j = k.touch_end; j-- > k.touch_begin;) {
         ChunkTouch& tt = ct.touches[j];
         tt.next = next_pos[tt.chunk];
+        tt.next_read = next_read_pos[tt.chunk];
         next_pos[tt.chunk] = j;
+        if (!k.host && tt.read_bytes > 0) next_read_pos[tt.chunk] = j;
       }
     }
   }
@@ -449,24 +451,28 @@ MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::
     for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
       const ChunkTouch& tt = ct.touches[j];
       std::uint32_t c = tt.chunk;
+      // The requests are the kernels' reads: a touch that only writes needs no data (it can
+      // be written remotely, over D2H), and a host touch is no GPU request.
+      const std::uint32_t next = tt.next_read;
       if (in[c]) {
         if (hits != nullptr) (*hits)[j] = true;
-        key[c] = tt.next;
+        key[c] = next;
         push(c);
         continue;
       }
+      if (tt.read_bytes == 0 && !tt.first_touch) continue;
       if (!tt.first_touch) {
         ++result.chunks;
         result.bytes += std::min<std::uint64_t>(kChunkBytes, tt.read_bytes);
       }
-      if (tt.next == kNever || capacity_chunks == 0) continue;  // bypass
+      if (next == kNever || capacity_chunks == 0) continue;  // bypass
       if (resident >= capacity_chunks) {
         auto [far, victim] = top();
-        if (far <= tt.next) continue;  // bypass: every resident chunk is needed sooner
+        if (far <= next) continue;  // bypass: every resident chunk is needed sooner
         in[victim] = false;
         --resident;
       }
-      key[c] = tt.next;
+      key[c] = next;
       in[c] = true;
       ++resident;
       push(c);

@@ -306,11 +306,11 @@ void SimBackend::run(std::uint32_t index) {
   // remotely over the link's bandwidth).
   std::uint64_t remote_done = t;
   if (remote_in > 0) {
-    t_h2d_ = std::max(t, t_h2d_) + copy_ns(params_.link.h2d_bytes_per_s * params_.remote_efficiency, remote_in);
+    t_h2d_ = std::max(t, t_h2d_) + copy_ns(params_.link.h2d_bytes_per_s * std::min(1.0, params_.remote_efficiency), remote_in);
     remote_done = std::max(remote_done, t_h2d_);
   }
   if (remote_out > 0) {
-    t_d2h_ = std::max(t, t_d2h_) + copy_ns(params_.link.d2h_bytes_per_s * params_.remote_efficiency, remote_out);
+    t_d2h_ = std::max(t, t_d2h_) + copy_ns(params_.link.d2h_bytes_per_s * std::min(1.0, params_.remote_efficiency), remote_out);
     remote_done = std::max(remote_done, t_d2h_);
   }
   stats_.remote_bytes += remote_in + remote_out;

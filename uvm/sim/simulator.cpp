@@ -19,6 +19,12 @@ LowerBound lower_bound(const CompiledTrace& trace, const SimParams& params) {
   return b;
 }
 
+LowerBound view_bound(const LowerBound& truth, const CompiledTrace& viewed, const SimParams& params) {
+  if (viewed.allocator == AllocatorView::none) return truth;
+  LowerBound placed = lower_bound(viewed, params);
+  return placed.ns < truth.ns ? placed : truth;
+}
+
 std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, MinFetch* fetches) {
   LowerBound b = lower_bound(trace, params);
   if (fetches != nullptr) *fetches = b.min_fetch;

@@ -11,8 +11,9 @@
 // weights (weak LP duality). Everything is in integer bytes and ns, every cost rounded down.
 //
 // Positions are kernel positions: the index of a kernel among the trace's kernels (host
-// events not counted); a cut at position p is the instant kernel p starts computing, after
-// the host events before it.
+// events not counted); a cut at position p is the instant kernel p - 1 ends (kernel p is
+// issued): kernel p's faults and remote accesses come after it, every earlier kernel's
+// writes and write-backs before it.
 //
 // The model the bound holds for (SimBackend): one kernel at a time; one H2D and one D2H
 // copy engine, each moving at most its bandwidth, carrying prefetches, fault migrations,

@@ -40,6 +40,8 @@ struct ChunkTouch {
   std::uint32_t next = kNever;      // index (in touches) of the next kernel touch of this chunk
                                     // within the same block instance, or kNever
   std::uint32_t block = 0;          // alloc sequence of the block holding the chunk
+  std::uint32_t next_read = kNever; // index of the next kernel touch of this chunk (same block
+                                    // instance) that reads it, or kNever (MIN's next use)
   std::uint32_t read_bytes = 0;     // of `bytes`, those the event's reads name (<= 2 MiB)
   std::uint32_t write_bytes = 0;    // of `bytes`, those its writes name (<= 2 MiB)
   bool write = false;               // write_bytes > 0
@@ -123,12 +125,13 @@ CompiledTrace compile(const trace::Trace& trace, AllocatorView view = AllocatorV
 CompiledTrace compile_file(const std::string& path, AllocatorView view = AllocatorView::none);
 
 // MIN_H2D of the lower bound (issue 3 §5): the misses under Belady's MIN with bypass at
-// `capacity_chunks`, over the kernels' chunk touches in order. The first touch of a chunk
-// after its block's alloc is free; a freed block's chunks leave at no cost; a missing chunk
-// whose next use is later than every resident chunk's (or never) is read remotely and not
-// kept. `chunks` counts the misses; `bytes` charges each the cheaper of a 2 MiB fetch and a
-// remote read of the bytes that access touches (the same as chunks x 2 MiB when kernels
-// touch whole chunks). O(touches log capacity).
+// `capacity_chunks`, over the kernels' chunk touches that read, in order (a touch that only
+// writes needs no data: it may be written remotely; a next use is the next kernel touch that
+// reads). The first touch of a chunk after its block's alloc is free; a freed block's chunks
+// leave at no cost; a missing chunk whose next use is later than every resident chunk's (or
+// never) is read remotely and not kept. `chunks` counts the misses; `bytes` charges each the
+// cheaper of a 2 MiB fetch and a remote read of the bytes that access reads (the same as
+// chunks x 2 MiB when kernels read whole chunks). O(touches log capacity).
 struct MinFetch {
   std::uint64_t chunks = 0;
   std::uint64_t bytes = 0;

@@ -48,8 +48,9 @@ struct SimParams {
   // faulted, the driver migrates the rest without further faults (uvm_perf_prefetch_threshold,
   // default 51, kernel-open/nvidia-uvm/uvm_perf_prefetch.c). Set 1.0 to disable.
   double density_threshold = 0.51;
-  // Remote (zero-copy) access runs at this share of the link's H2D bandwidth (DESIGN §5:
-  // "the kernel slows by the bytes it touches over link bandwidth").
+  // Remote (zero-copy) access runs at this share of the link's bandwidth each way (DESIGN §5:
+  // "the kernel slows by the bytes it touches over link bandwidth"); at most 1 (a copy
+  // engine never moves more than the link: SimBackend takes min(1, this)).
   double remote_efficiency = 1.0;
   // Fault feedback (issue 12 item 4): the SimBackend reports the chunks each kernel faulted
   // on (Backend::take_faults), as CUPTI's GPU page-fault records do in the shim, so a policy

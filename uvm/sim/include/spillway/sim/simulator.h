@@ -28,6 +28,11 @@ struct LowerBound {
 // view (under another view, a trace's frees are hidden from the Engine but its tensors
 // still die). Thread-safe for distinct calls.
 LowerBound lower_bound(const CompiledTrace& trace, const SimParams& params);
+// The bound for a simulation of `viewed` (a view of the trace whose `none` view has bound
+// `truth`): `truth` under `none`; under a view that may place several tensors in one chunk
+// (`pytorch`, `spillway`, `pytorch-exact`: fewer chunks to move than one per tensor) the
+// smaller of `truth` and lower_bound(viewed, params), each valid for its own placement.
+LowerBound view_bound(const LowerBound& truth, const CompiledTrace& viewed, const SimParams& params);
 // lower_bound(trace, params).ns; with `fetches`, also its MIN_H2D.
 std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params, MinFetch* fetches = nullptr);
 
