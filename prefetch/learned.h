@@ -174,10 +174,11 @@ class LearnedPolicy final : public Policy {
     std::uint32_t addr_offset = 0;     // an address inside one of them, from the chunk's start (for Actions::prefetch)
     std::uint32_t end_offset = 0;      // end of that block's part of the chunk, same origin (for Actions::advise); 0: none known
     std::uint32_t sig = kNone;         // signature of its last touch (index in sigs_), kNone: none since allocated
-    bool allocated = false;            // a block was allocated on it since its last touch
-    bool advised = false;              // remote-access advice set on the live block here
-    bool resident = false;             // in the Engine's plan (on_residency)
-    bool read_mostly = false;          // read-mostly advice set on the live block here
+    // (Bit-fields: the record stays one cache line.)
+    bool allocated : 1 = false;        // a block was allocated on it since its last touch
+    bool advised : 1 = false;          // remote-access advice set on the live block here
+    bool resident : 1 = false;         // in the Engine's plan (on_residency)
+    bool read_mostly : 1 = false;      // read-mostly advice set on the live block here
     std::uint8_t pf_age = kNoAge;      // anchor age (streak) of the prefetch awaiting its use
     std::uint64_t remote = 0;          // stamp_ of the launch that leaves it remote
     std::uint64_t nu = kFar;           // predicted next use (launch seq)
@@ -185,6 +186,7 @@ class LearnedPolicy final : public Policy {
     std::uint64_t last_seq = 0;        // launch seq of its last touch
     RankedSet::iterator rank{};        // its node in resident_, while resident
   };
+  static_assert(sizeof(ChunkInfo) == 64, "a chunk's record is one cache line");
   // What follows a touch by one (kernel name, argument position) — the signature, the
   // launch-level counterpart of a load's program counter in SHiP (Wu et al., MICRO 2011)
   // and Hawkeye (Jain & Lin, ISCA 2016). Learned from every chunk: when it is touched again
