@@ -485,15 +485,17 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     ChunkInfo& info = *touched_[i];
     std::uint64_t nu = seq_ + std::max<std::uint64_t>(period_, 1);
     // Unpredicted: what usually follows a touch by this signature (its next touch writes
-    // less often than not), else as it is.
+    // less often than not), else as it is. (Only where writes are known: not in the shim.)
     bool read_mostly = info.read_mostly;
-    if (info.sig != kNone && sigs_[info.sig].writes >= 0) read_mostly = sigs_[info.sig].writes < 0.5;
-    if (touches_[cur.touch_begin + i].write) read_mostly = false;
+    if (launch.writes_known) {
+      if (info.sig != kNone && sigs_[info.sig].writes >= 0) read_mostly = sigs_[info.sig].writes < 0.5;
+      if (touches_[cur.touch_begin + i].write) read_mostly = false;
+    }
     if (zip && touches_[log_[found].touch_begin + i].chunk == c) {
       const std::uint32_t nt = touches_[log_[found].touch_begin + i].next;
       // No later touch, or the next one is on a new block (this one is freed first): dead.
       nu = nt == kNone || touches_[nt].fresh ? kFar : seq_ + (touches_[nt].entry - found);
-      if (!touches_[cur.touch_begin + i].write) read_mostly = nu == kFar || !touches_[nt].write;
+      if (launch.writes_known && !touches_[cur.touch_begin + i].write) read_mostly = nu == kFar || !touches_[nt].write;
     } else {
       const std::uint64_t g = guess_next_use(info);
       if (g != 0) {

@@ -332,24 +332,35 @@ TEST(SimTest, AdviceMakesEvictedChunksRemote) {
   expect_invariants(r, 2, "advise");
 }
 
+// Blocks 1 and 2 (a chunk each), written by a host event: on the CPU. place_on_host()
+// allocates them on `g` and runs that host event, as the simulator would.
+Builder two_blocks_on_host() {
+  Builder b;
+  b.alloc(1, 2 * MiB).alloc(2, 2 * MiB);
+  b.event("", 0, {}, {trace::Range{1, 0, 2 * MiB, true}, trace::Range{2, 0, 2 * MiB, true}}, true);
+  return b;
+}
+std::pair<std::uint64_t, std::uint64_t> place_on_host(SimBackend& g) {
+  std::uint64_t a1 = 0, a2 = 0;
+  g.expect_block(0);
+  EXPECT_TRUE(g.allocate_managed(2 * MiB, &a1).ok());
+  g.expect_block(1);
+  EXPECT_TRUE(g.allocate_managed(2 * MiB, &a2).ok());
+  g.run(0);  // the host event
+  return {a1, a2};
+}
+
 // Issue 13 item 2: a remote access crosses the link on its copy engine, after what that
 // engine was already doing, and the kernel runs once it is done. Blocks 1 and 2 are put on
 // the CPU by a host write; block 2 is prefetched (H2D busy 0-1 ms), then kernel k reads
 // block 1 remotely (preferred location CPU): its 2 MiB cross H2D at 1-2 ms, k computes at
 // 2-3 ms. Before, the remote read ignored the prefetch ahead of it and k ended at 2 ms.
 TEST(SimTest, RemoteReadsWaitForTheCopyEngine) {
-  Builder b;
-  b.alloc(1, 2 * MiB).alloc(2, 2 * MiB);
-  b.event("", 0, {}, {trace::Range{1, 0, 2 * MiB, true}, trace::Range{2, 0, 2 * MiB, true}}, true);
+  Builder b = two_blocks_on_host();
   b.kernel("k", kMs, {1});
   CompiledTrace t = b.compile();
   SimBackend g(t, slow_link(4));
-  std::uint64_t a1 = 0, a2 = 0;
-  g.expect_block(0);
-  ASSERT_TRUE(g.allocate_managed(2 * MiB, &a1).ok());
-  g.expect_block(1);
-  ASSERT_TRUE(g.allocate_managed(2 * MiB, &a2).ok());
-  g.run(0);  // the host event
+  const auto [a1, a2] = place_on_host(g);
   ASSERT_TRUE(g.advise(a1, 2 * MiB, Advice::preferred_location, Location::cpu, 0).ok());
   ASSERT_TRUE(g.prefetch(a2, 2 * MiB, Location::gpu, 0).ok());
   g.run(1);
@@ -362,18 +373,11 @@ TEST(SimTest, RemoteReadsWaitForTheCopyEngine) {
 
 // Remote writes cross D2H (not H2D), in parallel with remote reads over H2D.
 TEST(SimTest, RemoteWritesCrossDeviceToHost) {
-  Builder b;
-  b.alloc(1, 2 * MiB).alloc(2, 2 * MiB);
-  b.event("", 0, {}, {trace::Range{1, 0, 2 * MiB, true}, trace::Range{2, 0, 2 * MiB, true}}, true);
+  Builder b = two_blocks_on_host();
   b.kernel("k", kMs, {1}, {2});
   CompiledTrace t = b.compile();
   SimBackend g(t, slow_link(4));
-  std::uint64_t a1 = 0, a2 = 0;
-  g.expect_block(0);
-  ASSERT_TRUE(g.allocate_managed(2 * MiB, &a1).ok());
-  g.expect_block(1);
-  ASSERT_TRUE(g.allocate_managed(2 * MiB, &a2).ok());
-  g.run(0);
+  const auto [a1, a2] = place_on_host(g);
   ASSERT_TRUE(g.advise(a1, 4 * MiB, Advice::preferred_location, Location::cpu, 0).ok());
   g.run(1);
   const SimStats& s = g.stats();

@@ -41,24 +41,14 @@ struct Builder {
   // A kernel reading and writing whole live blocks.
   Builder& kernel(const std::string& name, std::uint64_t dur, std::vector<std::uint64_t> reads,
                   std::vector<std::uint64_t> writes = {}) {
-    trace::Event e;
-    e.kind = trace::EventKind::kernel;
-    e.name = name;
-    e.dur_ns = dur;
-    for (auto id : reads) e.reads.push_back(trace::Range{id, 0, live.at(id), true});
-    for (auto id : writes) e.writes.push_back(trace::Range{id, 0, live.at(id), true});
-    t.events.push_back(e);
-    return *this;
+    std::vector<trace::Range> r, w;
+    for (auto id : reads) r.push_back(trace::Range{id, 0, live.at(id), true});
+    for (auto id : writes) w.push_back(trace::Range{id, 0, live.at(id), true});
+    return event(name, dur, std::move(r), std::move(w));
   }
   // A kernel reading parts of blocks.
   Builder& kernel_ranges(const std::string& name, std::uint64_t dur, std::vector<trace::Range> reads) {
-    trace::Event e;
-    e.kind = trace::EventKind::kernel;
-    e.name = name;
-    e.dur_ns = dur;
-    e.reads = std::move(reads);
-    t.events.push_back(e);
-    return *this;
+    return event(name, dur, std::move(reads), {});
   }
   // A kernel (or, with `host`, a host event: the CPU) reading and writing parts of blocks.
   Builder& event(const std::string& name, std::uint64_t dur, std::vector<trace::Range> reads, std::vector<trace::Range> writes,
