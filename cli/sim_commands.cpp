@@ -492,8 +492,8 @@ int run_replay(SimCommands::Options& o) {
   const sim::CompiledTrace& t = views[0] == sim::AllocatorView::none ? truth : viewed;
   p.capacity_bytes = capacity_bytes(cap, truth);
   const sim::LowerBound bound = sim::view_bound(sim::lower_bound(truth, p), t, p);
-  std::vector<sim::Span> spans;
-  sim::CellResult r = sim::run_cell(t, policy, p, o.timeline.empty() ? nullptr : &spans, &bound);
+  std::vector<sim::Span> spans;  // (always: the breakdown below is computed from them)
+  sim::CellResult r = sim::run_cell(t, policy, p, &spans, &bound);
   print_table(std::cout, {r});
   const auto& s = r.sim;
   std::cout << fmt::format(
@@ -504,6 +504,7 @@ int run_replay(SimCommands::Options& o) {
       seconds(s.wait_ns), gbytes(s.prefetch_bytes), gbytes(s.prefetch_used_bytes), gbytes(s.remote_bytes), s.driver_evictions,
       r.engine.evicted_chunks, seconds(r.bound_ns), seconds(r.cut_bound_ns), bound.cut.cuts.size(), seconds(r.h2d_bound_ns),
       r.min_fetch.chunks, gbytes(r.min_fetch.bytes));
+  std::cout << "time by what was busy: " << sim::describe(sim::breakdown(spans)) << "\n";
   if (!o.timeline.empty()) {
     sim::write_timeline(o.timeline, t, r, spans);
     std::cout << "timeline: " << o.timeline << " (" << spans.size() << " spans; open in ui.perfetto.dev)\n";

@@ -114,8 +114,8 @@ bool CorrelationPolicy::choose_victim(const VictimQuery& query, ChunkIndex* vict
 
 // ---- oracle ----
 
-OraclePolicy::OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches, bool read_mostly)
-    : future_(future), max_lookahead_(max_lookahead_launches), use_read_mostly_(read_mostly) {}
+OraclePolicy::OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches, bool read_mostly, bool early_write_back)
+    : future_(future), max_lookahead_(max_lookahead_launches), use_read_mostly_(read_mostly), early_write_back_(early_write_back) {}
 
 void OraclePolicy::on_alloc(const Block&, Actions&) { ++allocs_seen_; }
 
@@ -197,12 +197,32 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
   for (ChunkIndex c : current) {
     auto nu = next_use_.find(c);
     if (nu == next_use_.end() || resident_.count({nu->second, c}) == 0) --free;
+    reserved_.erase(c);  // (its block exists now: the room is counted above)
+  }
+  free -= static_cast<std::int64_t>(reserved_.size());
+  std::unordered_set<ChunkIndex> planned;  // fetched or evicted by this launch's plan
+  // Write-back ahead of need (issue 13 item 4): a chunk the previous launch touched whose
+  // next use is a read that MIN misses leaves before that use anyway. It leaves now, right after its last
+  // use, so that its write-back runs while the kernels compute and its room is free before
+  // the coming launches need it, rather than when that room is needed, with compute waiting
+  // for the write-back and then for the fetch. (A chunk with no next use is left: it is the
+  // first victim anyway, and its block may be freed before the room is needed.)
+  if (early_write_back_) {
+    for (ChunkIndex c : just_used_) {
+      const std::uint32_t n = next_use(c);
+      // (MIN's requests are reads: at a touch that only writes, `min_hit` says nothing, and
+      // the chunk may as well stay until then.)
+      if (is_current(c) || n == kNoUse || resident_.count({n, c}) == 0) continue;
+      if (const OracleFuture::Touch& t = future_.touches[n]; t.min_hit || !t.read) continue;
+      actions.prefetch(c * kChunkBytes, 1, Location::cpu);
+      planned.insert(c);
+      ++free;
+    }
+    just_used_ = current;
   }
   auto victim = resident_.rbegin();
-  std::unordered_set<ChunkIndex> planned;
   auto take_victim = [&](std::uint32_t need) {
-    while (victim != resident_.rend() && (is_current(victim->second) ||
-                                          planned.count(victim->second) != 0)) {
+    while (victim != resident_.rend() && (is_current(victim->second) || planned.count(victim->second) != 0)) {
       ++victim;
     }
     if (victim == resident_.rend() || victim->first <= need) return false;
@@ -220,7 +240,18 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
   for (std::uint64_t m = cursor_; m < stop; ++m) {
     for (std::uint32_t i = future_.launch_begin[m]; i < future_.launch_end[m]; ++i) {
       const OracleFuture::Touch& t = touches[i];
-      if (t.block >= allocs_seen_) return;  // its block does not exist yet
+      if (t.block >= allocs_seen_) {
+        // Its block does not exist yet: nothing to fetch, but its first touch will need room
+        // (the Engine makes it then), so the lookahead keeps that room and goes on.
+        if (reserved_.count(t.chunk) != 0) continue;
+        if (free > 0) {
+          --free;
+        } else if (!take_victim(i)) {
+          return;
+        }
+        reserved_.insert(t.chunk);
+        continue;
+      }
       auto nu = next_use_.find(t.chunk);
       bool resident = nu != next_use_.end() && resident_.count({nu->second, t.chunk}) != 0;
       if (resident || is_current(t.chunk) || planned.count(t.chunk) != 0) continue;

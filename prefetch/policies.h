@@ -114,6 +114,7 @@ struct OracleFuture {
     std::uint32_t block;  // allocation number (0 = the first on_alloc) of the block holding it
     bool min_hit;         // Belady's MIN at capacity_chunks finds the chunk resident here
     bool write;           // this touch writes the chunk (kernel or host)
+    bool read;            // this touch reads the chunk (MIN's requests are the reads)
   };
   // (SpillArrays, spillway/spill_array.h: a long trace's future lies in files, and the
   // oracle releases what it has passed.)
@@ -133,11 +134,17 @@ struct OracleFuture {
 // next touch does not write it either (or never comes), so that evicting it before then
 // costs no write-back; a chunk a launch writes is un-marked before it (a write to a
 // read-mostly copy faults to collapse the copies).
+// Write-back ahead of need (issue 13 item 4): a chunk whose next use MIN misses is evicted
+// right after its last use, not when its room is needed, so that its write-back overlaps the
+// kernels and the room is free before the fetches that need it; and the lookahead keeps room
+// for the first touches of blocks not yet allocated instead of stopping at them.
 class OraclePolicy final : public Policy {
  public:
   // `future` must outlive the policy.
-  // Without `read_mostly`, it never sets read-mostly advice (the oracle before issue 13).
-  explicit OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches = 256, bool read_mostly = true);
+  // Without `read_mostly`, it never sets read-mostly advice; without `early_write_back`, it
+  // evicts only when room is needed (the oracle before issue 13 items 3 and 4).
+  explicit OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches = 256, bool read_mostly = true,
+                        bool early_write_back = true);
   std::string_view name() const override { return "oracle"; }
   bool manages_residency() const override { return true; }
   void on_alloc(const Block& block, Actions& actions) override;
@@ -163,6 +170,10 @@ class OraclePolicy final : public Policy {
   // pins what it fetches), so the next search may start there.
   std::pair<std::uint32_t, ChunkIndex> victim_hint_{};
   bool hint_valid_ = false;
+  bool early_write_back_;
+  // Chunks of blocks not yet allocated whose first touch the lookahead has kept room for.
+  std::unordered_set<ChunkIndex> reserved_;
+  std::vector<ChunkIndex> just_used_;  // the previous launch's chunks (early write-back)
 };
 
 // Simulator-side factory: every policy of policy_names() plus `oracle` (which needs

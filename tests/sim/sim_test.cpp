@@ -492,5 +492,48 @@ TEST(SimTest, FaultStreamingRateFollowsTheProfile) {
   EXPECT_NEAR(static_cast<double>(assumed.sim.time_ns - measured.sim.time_ns), chunk_ns_assumed - chunk_ns_measured, 2000);
 }
 
+// The breakdown of a hand-made timeline, in units of 0.1 s: kernel [0, 10), H2D [5, 20),
+// D2H [8, 12), a fault stall [25, 30); idle [20, 25).
+TEST(SimTest, TimelineBreakdownCountsEachCombinationOfBusyTracks) {
+  const std::uint64_t u = 100'000'000;
+  std::vector<Span> spans{{Span::h2d, 0, 5 * u, 15 * u}, {Span::compute, 0, 0, 10 * u}, {Span::fault, 0, 25 * u, 5 * u},
+                          {Span::d2h, 0, 8 * u, 4 * u}};
+  TimelineBreakdown b = breakdown(spans);
+  EXPECT_EQ(b.ns[1], 5 * u);          // compute alone [0, 5)
+  EXPECT_EQ(b.ns[1 | 2], 3 * u);      // compute + H2D [5, 8)
+  EXPECT_EQ(b.ns[1 | 2 | 4], 2 * u);  // all three [8, 10)
+  EXPECT_EQ(b.ns[2 | 4], 2 * u);      // H2D + D2H [10, 12)
+  EXPECT_EQ(b.ns[2], 8 * u);          // H2D alone [12, 20)
+  EXPECT_EQ(b.ns[0], 5 * u);          // idle [20, 25)
+  EXPECT_EQ(b.ns[8], 5 * u);          // fault stall [25, 30)
+  EXPECT_EQ(b.busy(1), 10 * u);
+  EXPECT_EQ(b.busy(2), 15 * u);
+  EXPECT_EQ(describe(b), "H2D alone 0.800 s, idle 0.500 s, compute alone 0.500 s, fault stalls alone 0.500 s, "
+                         "compute+H2D 0.300 s, H2D+D2H 0.200 s, compute+H2D+D2H 0.200 s");
+}
+
+// Write-back ahead of need (issue 13 item 4): in a training loop over twice the GPU, the
+// forward pass's activations must be written back. Evicted when their room is needed, each
+// write-back delays the fetch that needs the room and the kernel that needs the fetch; the
+// oracle evicts them right after their last use instead, so the write-backs overlap the
+// kernels: less time, no more bytes either way.
+TEST(SimTest, OracleWritesBackAheadOfNeed) {
+  CompiledTrace t = training_loop(3, 12, 4 * MiB, 2 * MiB);
+  SimParams p = slow_link(static_cast<std::uint64_t>(0.5 * static_cast<double>(t.peak_bytes)) / kChunkBytes);
+  p.link.d2h_bytes_per_s /= 2;  // write-backs take as long as the forward kernels
+  const OracleFuture future = make_future(t, p.capacity_bytes / kChunkBytes);
+  std::vector<Span> early_spans, late_spans;
+  CellResult early = run_cell(t, std::make_unique<OraclePolicy>(future), p, &early_spans);
+  CellResult late = run_cell(t, std::make_unique<OraclePolicy>(future, 256, true, false), p, &late_spans);
+  expect_invariants(early, p.capacity_bytes / kChunkBytes, "early");
+  std::printf("early write-back: %.1f ms (%s)\nwhen room is needed: %.1f ms (%s)\n", early.sim.time_ns / 1e6,
+              describe(breakdown(early_spans)).c_str(), late.sim.time_ns / 1e6, describe(breakdown(late_spans)).c_str());
+  EXPECT_LT(static_cast<double>(early.sim.time_ns), 0.95 * static_cast<double>(late.sim.time_ns));
+  EXPECT_LE(early.sim.h2d_bytes, late.sim.h2d_bytes);
+  EXPECT_LE(early.sim.d2h_bytes, late.sim.d2h_bytes);
+  // The write-backs overlap the kernels.
+  EXPECT_GT(breakdown(early_spans).busy(1 | 4), breakdown(late_spans).busy(1 | 4));
+}
+
 }  // namespace
 }  // namespace spillway::sim

@@ -1,6 +1,9 @@
 #include "spillway/sim/simulator.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 
@@ -39,7 +42,7 @@ OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chun
   min_fetch(trace, capacity_chunks, &min_hits);
   for (std::size_t i = 0; i < trace.touches.size(); ++i) {
     const ChunkTouch& t = trace.touches[i];
-    f.touches.push_back({trace.absolute_chunk(t.chunk), t.next, t.block, static_cast<bool>(min_hits[i]), t.write});
+    f.touches.push_back({trace.absolute_chunk(t.chunk), t.next, t.block, static_cast<bool>(min_hits[i]), t.write, t.read_bytes > 0});
     if ((i & 0xfffff) == 0xfffff) {  // written in order: what lies behind goes to the file
       trace.touches.release(0, i);
       f.touches.release(0, i);
@@ -170,6 +173,66 @@ void write_timeline(const std::string& path, const CompiledTrace& trace, const C
   }
   out << "\n]}\n";
   if (!out) throw std::runtime_error(fmt::format("{}: write failed", path));
+}
+
+}  // namespace spillway::sim
+
+namespace spillway::sim {
+
+std::uint64_t TimelineBreakdown::busy(unsigned track_bits) const {
+  std::uint64_t sum = 0;
+  for (unsigned m = 0; m < ns.size(); ++m) {
+    if ((m & track_bits) == track_bits) sum += ns[m];
+  }
+  return sum;
+}
+
+TimelineBreakdown breakdown(const std::vector<Span>& spans) {
+  // Each span opens and closes its track; between two consecutive instants the set of open
+  // tracks is constant.
+  std::vector<std::pair<std::uint64_t, int>> edges;  // (instant, +/-(track + 1))
+  edges.reserve(2 * spans.size());
+  for (const Span& s : spans) {
+    if (s.dur_ns == 0) continue;
+    edges.emplace_back(s.start_ns, static_cast<int>(s.track) + 1);
+    edges.emplace_back(s.start_ns + s.dur_ns, -(static_cast<int>(s.track) + 1));
+  }
+  std::sort(edges.begin(), edges.end());
+  TimelineBreakdown b;
+  std::array<int, 4> open{};
+  std::uint64_t last = 0;
+  for (const auto& [t, e] : edges) {
+    unsigned mask = 0;
+    for (unsigned k = 0; k < open.size(); ++k) mask |= open[k] > 0 ? 1u << k : 0u;
+    b.ns[mask] += t - last;
+    last = t;
+    open[static_cast<unsigned>(std::abs(e) - 1)] += e > 0 ? 1 : -1;
+  }
+  return b;
+}
+
+std::string describe(const TimelineBreakdown& b) {
+  static const char* names[] = {"compute", "H2D", "D2H", "fault stalls"};
+  std::vector<std::pair<std::uint64_t, unsigned>> parts;
+  for (unsigned m = 0; m < b.ns.size(); ++m) {
+    if (b.ns[m] > 0) parts.emplace_back(b.ns[m], m);
+  }
+  std::stable_sort(parts.begin(), parts.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::string out;
+  for (const auto& [ns, m] : parts) {
+    if (!out.empty()) out += ", ";
+    if (m == 0) {
+      out += "idle";
+    } else {
+      std::string combo;
+      for (unsigned k = 0; k < 4; ++k) {
+        if (m & (1u << k)) combo += (combo.empty() ? "" : "+") + std::string(names[k]);
+      }
+      out += std::popcount(m) == 1 ? combo + " alone" : combo;
+    }
+    out += fmt::format(" {:.3f} s", static_cast<double>(ns) / 1e9);
+  }
+  return out;
 }
 
 }  // namespace spillway::sim

@@ -2,6 +2,7 @@
 // shim's Engine and Policy, unchanged, over a SimBackend — and the lower bound beside it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -67,6 +68,20 @@ CellResult run_cell(const CompiledTrace& trace, const std::string& policy, const
 // outlive the call. Results name the policy by Policy::name().
 CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,
                     std::vector<Span>* spans = nullptr, const LowerBound* bound = nullptr);
+
+// How a run's time divides among what was busy (issue 13 item 5): `ns[mask]` is the time
+// during which exactly the tracks in `mask` had a span (bit Span::Track: 1 kernels, 2 H2D
+// prefetches, 4 D2H evictions, 8 fault stalls); ns[0] is idle time before the last span
+// ends. Fault migrations and remote copies have no span of their own: their time is in the
+// fault stall or the kernel that waited for them.
+struct TimelineBreakdown {
+  std::array<std::uint64_t, 16> ns{};
+  std::uint64_t busy(unsigned track_bits) const;  // sum of ns[m] over masks m that include every bit of `track_bits`
+};
+// Computes it from the spans of one run (any order). O(n log n) in the spans.
+TimelineBreakdown breakdown(const std::vector<Span>& spans);
+// One line: "compute alone X s, H2D alone ..., ..." (the non-zero entries, largest first).
+std::string describe(const TimelineBreakdown& b);
 
 // Writes `spans` as a Chrome/Perfetto trace-event JSON file (open in ui.perfetto.dev or
 // chrome://tracing): kernels, prefetches, evictions and fault stalls on their own tracks.
