@@ -201,19 +201,16 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
   }
   free -= static_cast<std::int64_t>(reserved_.size());
   std::unordered_set<ChunkIndex> planned;  // fetched or evicted by this launch's plan
-  // Write-back ahead of need (issue 13 item 4): a chunk the previous launch touched whose
-  // next use is a read that MIN misses leaves before that use anyway. It leaves now, right after its last
-  // use, so that its write-back runs while the kernels compute and its room is free before
-  // the coming launches need it, rather than when that room is needed, with compute waiting
-  // for the write-back and then for the fetch. (A chunk with no next use is left: it is the
-  // first victim anyway, and its block may be freed before the room is needed.)
+  // Write-back ahead of need (issue 13 item 4): a chunk the previous launch touched that MIN
+  // does not keep until its next use leaves before that use anyway. It leaves now, right
+  // after its last use, so that its write-back runs while the kernels compute and its room is
+  // free before the coming launches need it, rather than when that room is needed, with
+  // compute waiting for the write-back and then for the fetch. (A chunk with no next use is
+  // left: it is the first victim anyway, and its block may be freed before its room is needed.)
   if (early_write_back_) {
     for (ChunkIndex c : just_used_) {
       const std::uint32_t n = next_use(c);
-      // (MIN's requests are reads: at a touch that only writes, `min_hit` says nothing, and
-      // the chunk may as well stay until then.)
-      if (is_current(c) || n == kNoUse || resident_.count({n, c}) == 0) continue;
-      if (const OracleFuture::Touch& t = future_.touches[n]; t.min_hit || !t.read) continue;
+      if (is_current(c) || n == kNoUse || future_.touches[n].min_hit || resident_.count({n, c}) == 0) continue;
       actions.prefetch(c * kChunkBytes, 1, Location::cpu);
       planned.insert(c);
       ++free;

@@ -112,9 +112,9 @@ struct OracleFuture {
     ChunkIndex chunk;
     std::uint32_t next;   // index in touches of the next touch of the same chunk and block, or UINT32_MAX
     std::uint32_t block;  // allocation number (0 = the first on_alloc) of the block holding it
-    bool min_hit;         // Belady's MIN at capacity_chunks finds the chunk resident here
+    bool min_hit;         // Belady's MIN at capacity_chunks, as the GPU can follow it, finds the chunk
+                          // resident here (min_resident_hits: every touch makes its chunk resident)
     bool write;           // this touch writes the chunk (kernel or host)
-    bool read;            // this touch reads the chunk (MIN's requests are the reads)
   };
   // (SpillArrays, spillway/spill_array.h: a long trace's future lies in files, and the
   // oracle releases what it has passed.)

@@ -212,7 +212,10 @@ TEST(SimTest, OracleMovesLittleMoreThanMinOnALoopJustOverTheGpu) {
     SimParams p = slow_link(capacity);
     CellResult oracle = run_cell(t, "oracle", p);
     expect_invariants(oracle, capacity, "oracle");
-    EXPECT_LE(static_cast<double>(oracle.sim.h2d_bytes), 1.5 * static_cast<double>(oracle.min_fetch.bytes)) << capacity;
+    // (Guided by the bound's MIN, which bypasses, the early write-back evicted chunks the GPU
+    // could keep: 1.32x MIN's bytes at 22 chunks, 1.21x at 20. Guided by MIN as the GPU can
+    // follow it, it moves MIN's bytes.)
+    EXPECT_LE(static_cast<double>(oracle.sim.h2d_bytes), 1.05 * static_cast<double>(oracle.min_fetch.bytes)) << capacity;
     for (const char* name : {"demand", "correlation"}) {
       CellResult r = run_cell(t, name, p);
       EXPECT_GE(r.sim.time_ns, oracle.sim.time_ns) << name << " at " << capacity;

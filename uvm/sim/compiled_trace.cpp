@@ -409,7 +409,12 @@ std::uint64_t min_fetches(const CompiledTrace& ct, std::uint64_t capacity_chunks
   return min_fetch(ct, capacity_chunks).chunks;
 }
 
-MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vector<bool>* hits) {
+namespace {
+
+// Belady's MIN over the kernels' touches (min_fetch, min_resident_hits). `resident_model`:
+// every touch makes its chunk resident and a next use is any next touch; otherwise only reads
+// are requests and a chunk used later than every resident one is bypassed.
+MinFetch belady(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vector<bool>* hits, bool resident_model) {
   if (hits != nullptr) hits->assign(ct.touches.size(), false);
   // Resident chunks in a max-heap keyed by next use (touch index; kNever = never again),
   // with lazy deletion: an entry is current while the chunk is resident with that key.
@@ -453,22 +458,24 @@ MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::
       std::uint32_t c = tt.chunk;
       // The requests are the kernels' reads: a touch that only writes needs no data (it can
       // be written remotely, over D2H), and a host touch is no GPU request.
-      const std::uint32_t next = tt.next_read;
+      const std::uint32_t next = resident_model ? tt.next : tt.next_read;
       if (in[c]) {
         if (hits != nullptr) (*hits)[j] = true;
         key[c] = next;
         push(c);
         continue;
       }
-      if (tt.read_bytes == 0 && !tt.first_touch) continue;
+      if (tt.read_bytes == 0 && !tt.first_touch && !resident_model) continue;
       if (!tt.first_touch) {
         ++result.chunks;
-        result.bytes += std::min<std::uint64_t>(kChunkBytes, tt.read_bytes);
+        result.bytes += std::min<std::uint64_t>(kChunkBytes, resident_model ? kChunkBytes : tt.read_bytes);
       }
-      if (next == kNever || capacity_chunks == 0) continue;  // bypass
+      if (capacity_chunks == 0) continue;
+      if (next == kNever && !resident_model) continue;  // bypass
       if (resident >= capacity_chunks) {
         auto [far, victim] = top();
-        if (far <= next) continue;  // bypass: every resident chunk is needed sooner
+        if (far <= next && !resident_model) continue;  // bypass: every resident chunk is needed sooner
+        if (heap.empty()) continue;  // (nothing resident to make room with)
         in[victim] = false;
         --resident;
       }
@@ -485,6 +492,18 @@ MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::
     }
   }
   return result;
+}
+
+}  // namespace
+
+MinFetch min_fetch(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vector<bool>* hits) {
+  return belady(ct, capacity_chunks, hits, false);
+}
+
+std::vector<bool> min_resident_hits(const CompiledTrace& ct, std::uint64_t capacity_chunks) {
+  std::vector<bool> hits;
+  belady(ct, capacity_chunks, &hits, true);
+  return hits;
 }
 
 }  // namespace spillway::sim

@@ -140,6 +140,12 @@ struct MinFetch {
 // resident there (true) or fetched it, read it remotely or first-touched it (false); host
 // touches are false.
 MinFetch min_fetch(const CompiledTrace& trace, std::uint64_t capacity_chunks, std::vector<bool>* hits = nullptr);
+// Belady's MIN as the simulated GPU can follow it (the oracle's guide, not a bound): every
+// kernel touch, writes included, makes its chunk resident (no bypass, no remote access), a
+// next use is the next kernel touch of any kind, and the resident chunk used furthest in the
+// future leaves when room is needed. Per touch (index in trace.touches): whether its chunk
+// was resident there. O(touches log capacity).
+std::vector<bool> min_resident_hits(const CompiledTrace& trace, std::uint64_t capacity_chunks);
 // min_fetch(...).chunks.
 std::uint64_t min_fetches(const CompiledTrace& trace, std::uint64_t capacity_chunks);
 
