@@ -520,6 +520,8 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   // 2. Prefetch the predicted launches' chunks in order of need.
   std::int64_t free = budget_chunks_ == 0 ? INT64_MAX / 2
                                           : static_cast<std::int64_t>(budget_chunks_) - static_cast<std::int64_t>(resident_.size());
+  const double now = static_cast<double>(launch.now_ns);
+  const double chunk_ns = static_cast<double>(kChunkBytes) * 1e9 / p_.link_bytes_per_s;
   // Victims in the order choose_victim() will give them (stale first, then furthest).
   deferred_.clear();
   auto unavailable = [&](const RankedSet::value_type& entry) { return entry.second->mark > stamp_; };
@@ -534,17 +536,18 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     if (q2 >= log_.size()) return false;
     return log_[q2].touch_begin - log_[found].touch_end < budget_chunks_;
   };
+  const RankedSet::value_type* taken = nullptr;  // the victim take_victim() took last
   auto take_victim = [&](std::uint64_t need, std::uint64_t floor = 0) {
     while (lo != resident_.end() && lo->first.first < seq_ && unavailable(*lo)) ++lo;
     if (lo != resident_.end() && lo->first.first < seq_) {
-      ++lo;
-      return true;
+      taken = &*lo++;
+        return true;
     }
     while (hi != resident_.rend() && unavailable(*hi)) ++hi;
     const std::uint64_t nu = hi == resident_.rend() ? 0 : hi->first.first;
     if (hi == resident_.rend() || nu <= need || nu < seq_) return false;
     if (nu < floor && ((interval_ns_ > 0 && waited_ns_ >= p_.max_waiting * interval_ns_) || survives(nu))) return false;
-    ++hi;
+    taken = &*hi++;
     return true;
   };
   // MIN's victim, taken early. A prefetch for launch s evicts now the resident chunk with the
@@ -562,8 +565,6 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   auto raise_floor = [&](std::uint64_t post) {
     if (post < kFar) floor = std::max(floor, post);
   };
-  const double now = static_cast<double>(launch.now_ns);
-  const double chunk_ns = static_cast<double>(kChunkBytes) * 1e9 / p_.link_bytes_per_s;
   link_free_ns_ = std::max(link_free_ns_, now);
   // The link is the bottleneck when what was issued before cannot arrive while this launch
   // runs: then a chunk that displaces nothing needed later is better read remotely.
@@ -608,6 +609,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     return;
   }
   const std::uint64_t last = std::min<std::uint64_t>(seq_ + p_.max_ahead, s + p_.max_scan - 1);
+  bool horizon_reached = false;  // the walk stopped at the link's horizon (not for want of room or history)
   for (; s <= last; ++s) {
     const std::uint64_t q = found + (s - seq_);
     if (q >= log_.size()) break;
@@ -615,6 +617,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     // idle by then (what is needed sooner has been issued already).
     if (s > seq_ + p_.min_ahead &&
         now + static_cast<double>(prefix_[q] - base) > link_free_ns_ + static_cast<double>(p_.slack_ns)) {
+      horizon_reached = true;
       break;
     }
     const Entry& e = log_[q];
@@ -680,6 +683,53 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     walked_.emplace_back(s, post_max);
   }
   ahead_ = s - 1;
+  // 3. Write-back ahead of need (issue 13 item 4). The launches just past the horizon will
+  // need room once the link is free to fetch for them. The victims that room will come from
+  // are evicted now, chosen as the lookahead will choose them then (take_victim: Belady on the
+  // predicted future, early only where MIN would evict too), so that their write-backs run
+  // while the H2D queue drains and the kernels compute, and the room is free when the fetches
+  // are issued — rather than evicted then, with each fetch waiting for the write-back that
+  // makes its room. Budgeted like the H2D lookahead, by a virtual clock of the D2H engine:
+  // write-backs are queued no later than the H2D queue's end plus the slack (the room is not
+  // needed sooner); a read-mostly victim costs no write-back. Only from an anchor as sure as a
+  // context match (in step for `anchor_ages` launches): from a younger one, which may be a
+  // false match, evicting for launches that may not come cost 8% more fetches on a decode
+  // loop whose cache moves every step (LearnedTest.DecodingWithAMovingKvCache...).
+  if (horizon_reached && budget_chunks_ != 0 && p_.early_write_back && streak_ >= p_.anchor_ages) {
+    writeback_free_ns_ = std::max(writeback_free_ns_, now);
+    const std::uint64_t end = std::min<std::uint64_t>(seq_ + p_.max_ahead, s + p_.max_scan - 1);
+    bool stop = false;
+    for (std::uint64_t s2 = s; s2 <= end && !stop; ++s2) {
+      const std::uint64_t q = found + (s2 - seq_);
+      if (q >= log_.size()) break;
+      const Entry& e = log_[q];
+      for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
+        ChunkInfo& info = *touches_[t].info;
+        if (info.mark > stamp_) continue;  // already in this plan
+        const bool needs_room = !info.resident && (touches_[t].fresh || (info.blocks != 0 && info.end_offset != 0));
+        info.mark = stamp_ + kKept;        // needed at s2: not a victim for it or later launches
+        if (!needs_room) continue;
+        if (free > 0) {
+          --free;
+          continue;
+        }
+        if (writeback_free_ns_ + chunk_ns > link_free_ns_ + static_cast<double>(p_.slack_ns) || !take_victim(s2, floor)) {
+          stop = true;
+          break;
+        }
+        ChunkInfo& victim = *taken->second;
+        actions.prefetch(taken->first.second * kChunkBytes + victim.addr_offset, 1, Location::cpu);
+        ++early_evictions_;
+        if (!victim.read_mostly) writeback_free_ns_ += chunk_ns;
+      }
+      std::uint64_t post_max = 0;
+      for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
+        const std::uint32_t nt = touches_[t].next;
+        if (nt != kNone && !touches_[nt].fresh) post_max = std::max(post_max, s2 + (touches_[nt].entry - q));
+      }
+      raise_floor(post_max);
+    }
+  }
   for (const auto& [info, nu] : deferred_) set_next_use(*info, nu);
 }
 

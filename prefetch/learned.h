@@ -13,6 +13,10 @@
 //     chunks predicted inside the lookahead are never chosen while any other is available;
 //     a chunk whose predicted use has passed without it being touched is a misprediction and
 //     goes first, unless what usually follows its last touch says it is still wanted;
+//   * write-back ahead of need (issue 13 item 4): the victims that the launches just past the
+//     lookahead's horizon will need room from are evicted already, by the same rule, their
+//     write-backs budgeted by a virtual clock of the D2H engine, so that the room is free
+//     when the link can fetch for those launches;
 //   * read-mostly (issue 13 item 3), when the launches say which accesses write
 //     (Launch::writes_known): a chunk a launch only reads, and whose next touch in the
 //     history only reads it too (or frees it), is advised read-mostly, so that evicting it
@@ -53,6 +57,11 @@ struct LearnedParams {
   // (a shorter one would stall them); the Belady stop rule keeps a long lookahead from
   // displacing anything needed sooner.
   double link_bytes_per_s = 25e9;
+  // Write-back ahead of need (issue 13 item 4): the victims the launches just past the
+  // lookahead's horizon will need room from are evicted now, their write-backs budgeted by a
+  // virtual clock of the D2H engine at link_bytes_per_s (each way) up to the end of the H2D
+  // queue plus `slack_ns`. False: victims leave only when their room is needed.
+  bool early_write_back = true;
   // Lookahead beyond the link's virtual queue (ns): covers the host-side issue latency and
   // duration estimates that are too long. 200 us = a few fault batches (45 us each).
   std::uint64_t slack_ns = 200'000;
@@ -137,6 +146,7 @@ class LearnedPolicy final : public Policy {
   std::uint64_t remote_chunks() const { return remote_; }  // footprint chunks left for remote access
   std::uint64_t scanned() const { return scanned_; }  // predicted launches examined by the lookahead
   std::uint64_t signature_predictions() const { return sig_predicted_; }  // next uses predicted by signature
+  std::uint64_t early_evictions() const { return early_evictions_; }  // victims evicted ahead of need (write-back ahead)
   std::uint64_t budget_chunks() const { return budget_chunks_; }
   std::size_t known_ids() const { return ids_.size(); }  // execution ids in the history's tables
   std::uint64_t lookahead_end() const { return ahead_; }  // predicted launches up to this seq have been planned for
@@ -292,6 +302,8 @@ class LearnedPolicy final : public Policy {
   std::vector<Missing> missing_;  // this launch's chunks not resident
   std::vector<ChunkInfo*> touched_;  // append(): the records of the launch's touches, in order
   double link_free_ns_ = 0;  // virtual link clock: when the prefetches issued so far arrive
+  double writeback_free_ns_ = 0;  // virtual D2H clock: when the early write-backs issued so far are done
+  std::uint64_t early_evictions_ = 0;
   std::uint64_t prev_now_ = 0, prev_dur_ = 0;  // the previous launch's issue time and duration
   bool prev_remote_ = false;     // the previous launch left chunks remote
   bool prev_predicted_ = false;  // the previous launch was in step with the history
