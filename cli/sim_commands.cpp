@@ -130,6 +130,7 @@ struct SimCommands::Options {
   std::vector<std::string> allocators;
   std::string link = "pcie5";
   std::string csv, plot, timeline;
+  bool breakdown = false;
   int jobs = 0;
   bool quiet = false;
   // Parameter overrides (unset: the link profile's / the model's default).
@@ -231,6 +232,8 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.replay->add_option("--capacity", o.replay_capacity, "GPU capacity: fraction of the peak, percentage or size [0.5]");
   o.replay->add_option("--allocator", o.allocators, "allocator view: none, pytorch, spillway or pytorch-exact [none]");
   o.replay->add_option("--timeline", o.timeline, "write a Chrome/Perfetto trace-event timeline (JSON) to FILE");
+  o.replay->add_flag("--breakdown", o.breakdown,
+                     "print the time by what was busy (compute alone, H2D alone, D2H alone, overlaps); keeps the timeline in memory");
   o.add_model_options(o.replay);
 }
 
@@ -492,8 +495,9 @@ int run_replay(SimCommands::Options& o) {
   const sim::CompiledTrace& t = views[0] == sim::AllocatorView::none ? truth : viewed;
   p.capacity_bytes = capacity_bytes(cap, truth);
   const sim::LowerBound bound = sim::view_bound(sim::lower_bound(truth, p), t, p);
-  std::vector<sim::Span> spans;  // (always: the breakdown below is computed from them)
-  sim::CellResult r = sim::run_cell(t, policy, p, &spans, &bound);
+  std::vector<sim::Span> spans;  // (kept only when asked for: they grow with the trace)
+  const bool keep_spans = !o.timeline.empty() || o.breakdown;
+  sim::CellResult r = sim::run_cell(t, policy, p, keep_spans ? &spans : nullptr, &bound);
   print_table(std::cout, {r});
   const auto& s = r.sim;
   std::cout << fmt::format(
@@ -504,7 +508,7 @@ int run_replay(SimCommands::Options& o) {
       seconds(s.wait_ns), gbytes(s.prefetch_bytes), gbytes(s.prefetch_used_bytes), gbytes(s.remote_bytes), s.driver_evictions,
       r.engine.evicted_chunks, seconds(r.bound_ns), seconds(r.cut_bound_ns), bound.cut.cuts.size(), seconds(r.h2d_bound_ns),
       r.min_fetch.chunks, gbytes(r.min_fetch.bytes));
-  std::cout << "time by what was busy: " << sim::describe(sim::breakdown(spans)) << "\n";
+  if (o.breakdown) std::cout << "time by what was busy: " << sim::describe(sim::breakdown(spans)) << "\n";
   if (!o.timeline.empty()) {
     sim::write_timeline(o.timeline, t, r, spans);
     std::cout << "timeline: " << o.timeline << " (" << spans.size() << " spans; open in ui.perfetto.dev)\n";

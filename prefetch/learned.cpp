@@ -541,7 +541,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     while (lo != resident_.end() && lo->first.first < seq_ && unavailable(*lo)) ++lo;
     if (lo != resident_.end() && lo->first.first < seq_) {
       taken = &*lo++;
-        return true;
+      return true;
     }
     while (hi != resident_.rend() && unavailable(*hi)) ++hi;
     const std::uint64_t nu = hi == resident_.rend() ? 0 : hi->first.first;
@@ -564,6 +564,18 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   // eviction causes the next.
   auto raise_floor = [&](std::uint64_t post) {
     if (post < kFar) floor = std::max(floor, post);
+  };
+  // The latest next use after s of the chunks of launch s (history entry q). A touch with no
+  // later one in the history is next used, if ever, after the history's end: one period
+  // later, as the loop repeats (as step 1 ranks a chunk it cannot predict).
+  auto latest_next_use = [&](const Entry& e, std::uint64_t s, std::uint64_t q) {
+    std::uint64_t post_max = 0;
+    for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
+      const std::uint32_t nt = touches_[t].next;
+      if (nt == kNone) post_max = std::max<std::uint64_t>(post_max, s + std::max<std::uint64_t>(period_, n - q + 1));
+      else if (!touches_[nt].fresh) post_max = std::max(post_max, s + (touches_[nt].entry - q));
+    }
+    return post_max;
   };
   link_free_ns_ = std::max(link_free_ns_, now);
   // The link is the bottleneck when what was issued before cannot arrive while this launch
@@ -669,15 +681,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
       link_free_ns_ += chunk_ns;
     }
     if (stop) break;
-    // The latest next use of launch s's chunks after s. A touch with no later one in the
-    // history is next used, if ever, after the history's end: one period later, as the loop
-    // repeats (as step 1 ranks a chunk it cannot predict).
-    std::uint64_t post_max = 0;
-    for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
-      const std::uint32_t nt = touches_[t].next;
-      if (nt == kNone) post_max = std::max<std::uint64_t>(post_max, s + std::max<std::uint64_t>(period_, n - q + 1));
-      else if (!touches_[nt].fresh) post_max = std::max(post_max, s + (touches_[nt].entry - q));
-    }
+    const std::uint64_t post_max = latest_next_use(e, s, q);
     raise_floor(post_max);
     while (!walked_.empty() && walked_.back().second <= post_max) walked_.pop_back();
     walked_.emplace_back(s, post_max);
@@ -697,7 +701,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   // loop whose cache moves every step (LearnedTest.DecodingWithAMovingKvCache...).
   if (horizon_reached && budget_chunks_ != 0 && p_.early_write_back && streak_ >= p_.anchor_ages) {
     writeback_free_ns_ = std::max(writeback_free_ns_, now);
-    const std::uint64_t end = std::min<std::uint64_t>(seq_ + p_.max_ahead, s + p_.max_scan - 1);
+    const std::uint64_t end = std::min<std::uint64_t>(seq_ + p_.max_ahead, s + p_.write_back_scan - 1);
     bool stop = false;
     for (std::uint64_t s2 = s; s2 <= end && !stop; ++s2) {
       const std::uint64_t q = found + (s2 - seq_);
@@ -722,12 +726,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         ++early_evictions_;
         if (!victim.read_mostly) writeback_free_ns_ += chunk_ns;
       }
-      std::uint64_t post_max = 0;
-      for (std::uint32_t t = e.touch_begin; t < e.touch_end; ++t) {
-        const std::uint32_t nt = touches_[t].next;
-        if (nt != kNone && !touches_[nt].fresh) post_max = std::max(post_max, s2 + (touches_[nt].entry - q));
-      }
-      raise_floor(post_max);
+      raise_floor(latest_next_use(e, s2, q));
     }
   }
   for (const auto& [info, nu] : deferred_) set_next_use(*info, nu);

@@ -62,6 +62,9 @@ struct LearnedParams {
   // virtual clock of the D2H engine at link_bytes_per_s (each way) up to the end of the H2D
   // queue plus `slack_ns`. False: victims leave only when their room is needed.
   bool early_write_back = true;
+  // Launches past the horizon walked per launch for it, at most: bounds its work per launch
+  // (the walk starts at the horizon again at every launch; the lookahead's resumes).
+  std::uint32_t write_back_scan = 8;
   // Lookahead beyond the link's virtual queue (ns): covers the host-side issue latency and
   // duration estimates that are too long. 200 us = a few fault batches (45 us each).
   std::uint64_t slack_ns = 200'000;

@@ -187,6 +187,9 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
   for (std::uint32_t i = future_.launch_begin[k]; i < future_.launch_end[k]; ++i) {
     set_next_use(touches[i].chunk, touches[i].next);
     current.push_back(touches[i].chunk);
+    // (Its block exists now: the room is counted below. A reservation for a later block on
+    // the same chunk stays.)
+    if (auto r = reserved_.find(touches[i].chunk); r != reserved_.end() && r->second == touches[i].block) reserved_.erase(r);
     if (use_read_mostly_) mark_read_mostly(i, actions);
   }
   std::sort(current.begin(), current.end());
@@ -197,7 +200,6 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
   for (ChunkIndex c : current) {
     auto nu = next_use_.find(c);
     if (nu == next_use_.end() || resident_.count({nu->second, c}) == 0) --free;
-    reserved_.erase(c);  // (its block exists now: the room is counted above)
   }
   free -= static_cast<std::int64_t>(reserved_.size());
   std::unordered_set<ChunkIndex> planned;  // fetched or evicted by this launch's plan
@@ -207,10 +209,14 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
   // free before the coming launches need it, rather than when that room is needed, with
   // compute waiting for the write-back and then for the fetch. (A chunk with no next use is
   // left: it is the first victim anyway, and its block may be freed before its room is needed.)
+  const std::uint64_t stop = std::min<std::uint64_t>(launches, k + 1 + max_lookahead_);
   if (early_write_back_) {
     for (ChunkIndex c : just_used_) {
       const std::uint32_t n = next_use(c);
       if (is_current(c) || n == kNoUse || future_.touches[n].min_hit || resident_.count({n, c}) == 0) continue;
+      // (Not a victim again in this plan, nor fetched back by its lookahead: when the Engine
+      // carries out the eviction, on_residency() moves the cursor back to its next use, and
+      // the next launch's lookahead fetches it in order of need.)
       actions.prefetch(c * kChunkBytes, 1, Location::cpu);
       planned.insert(c);
       ++free;
@@ -233,20 +239,20 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
     ++free;
   }
   cursor_ = std::max<std::uint32_t>(cursor_, static_cast<std::uint32_t>(k + 1));
-  const std::uint64_t stop = std::min<std::uint64_t>(launches, k + 1 + max_lookahead_);
   for (std::uint64_t m = cursor_; m < stop; ++m) {
     for (std::uint32_t i = future_.launch_begin[m]; i < future_.launch_end[m]; ++i) {
       const OracleFuture::Touch& t = touches[i];
       if (t.block >= allocs_seen_) {
         // Its block does not exist yet: nothing to fetch, but its first touch will need room
         // (the Engine makes it then), so the lookahead keeps that room and goes on.
-        if (reserved_.count(t.chunk) != 0) continue;
+        if (!early_write_back_) return;  // (the oracle before issue 13 item 4 stopped here)
+        if (auto r = reserved_.find(t.chunk); r != reserved_.end() && r->second == t.block) continue;
         if (free > 0) {
           --free;
         } else if (!take_victim(i)) {
           return;
         }
-        reserved_.insert(t.chunk);
+        reserved_[t.chunk] = t.block;
         continue;
       }
       auto nu = next_use_.find(t.chunk);

@@ -171,8 +171,9 @@ class OraclePolicy final : public Policy {
   std::pair<std::uint32_t, ChunkIndex> victim_hint_{};
   bool hint_valid_ = false;
   bool early_write_back_;
-  // Chunks of blocks not yet allocated whose first touch the lookahead has kept room for.
-  std::unordered_set<ChunkIndex> reserved_;
+  // Chunks of blocks not yet allocated whose first touch the lookahead has kept room for,
+  // with that block's allocation number (a chunk may hold a live block until then).
+  std::unordered_map<ChunkIndex, std::uint32_t> reserved_;
   std::vector<ChunkIndex> just_used_;  // the previous launch's chunks (early write-back)
 };
 

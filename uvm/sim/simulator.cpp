@@ -143,7 +143,7 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   r.min_fetch = bound.min_fetch;
   r.sim = backend.stats();
   r.engine = engine.stats();
-  if (spans != nullptr) *spans = backend.spans();
+  if (spans != nullptr) *spans = backend.take_spans();
   return r;
 }
 

@@ -104,6 +104,7 @@ class SimBackend final : public Backend {
   std::uint64_t now() const { return t_compute_; }
   const SimStats& stats();
   const std::vector<Span>& spans() const { return spans_; }
+  std::vector<Span> take_spans() { return std::move(spans_); }  // (leaves none)
   std::uint64_t capacity_chunks() const { return capacity_chunks_; }
 
  private:
