@@ -22,6 +22,7 @@ shapes from the recorder itself.
     scripts/trace_torch.py gpt2-xl-train  OUT.jsonl.gz [--batch 16 --seq 1024 --iters 3]
     scripts/trace_torch.py gpt2-xl-infer  OUT.jsonl.gz [--batch 48 --seq 1024 --decode 32]
     scripts/trace_torch.py resnet50-train OUT.jsonl.gz [--batch 512 --iters 3]
+    scripts/trace_torch.py llama-train    OUT.jsonl.gz [--size 1b|3b --batch 8 --seq 1024 --iters 3]
 
 Needs Debian's python3-torch and python3-torchvision (scripts/bootstrap-traces).
 """
@@ -312,10 +313,129 @@ def resnet_train(rec, args):
     return model, opt, x, y
 
 
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019), as in Llama: x / rms(x) * weight, in fp32."""
+
+    def __init__(self, d, device, dtype, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d, device=device, dtype=dtype))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rope(x, cos, sin):
+    """Rotary position embedding (Su et al. 2021) in the rotate-half form Llama's code uses."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    """A Llama-style decoder block: pre-RMSNorm, rotary embeddings, grouped-query attention
+    (`kv_heads` key/value heads shared by `heads` query heads), SwiGLU MLP, no biases."""
+
+    def __init__(self, d, heads, kv_heads, ffn, device, dtype):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype, bias=False)
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.attn_norm = RMSNorm(d, device, dtype)
+        self.wq = nn.Linear(d, d, **kw)
+        self.wk = nn.Linear(d, kv_heads * self.hd, **kw)
+        self.wv = nn.Linear(d, kv_heads * self.hd, **kw)
+        self.wo = nn.Linear(d, d, **kw)
+        self.mlp_norm = RMSNorm(d, device, dtype)
+        self.w_gate = nn.Linear(d, ffn, **kw)
+        self.w_up = nn.Linear(d, ffn, **kw)
+        self.w_down = nn.Linear(ffn, d, **kw)
+
+    def forward(self, x, cos, sin, mask):
+        b, t, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.wq(h).view(b, t, self.heads, self.hd).transpose(1, 2)
+        k = self.wk(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.wv(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        # Each key/value head serves `rep` query heads: expanded and copied, as Hugging Face's
+        # Llama does (repeat_kv in transformers/models/llama/modeling_llama.py).
+        rep = self.heads // self.kv_heads
+        k = k[:, :, None].expand(b, self.kv_heads, rep, t, self.hd).reshape(b, self.heads, t, self.hd)
+        v = v[:, :, None].expand(b, self.kv_heads, rep, t, self.hd).reshape(b, self.heads, t, self.hd)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
+        att = F.softmax(att.masked_fill(mask[:, :, :t, :t] == 0, float("-inf")).float(), dim=-1).to(q.dtype)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, -1)
+        x = x + self.wo(y)
+        h = self.mlp_norm(x)
+        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+
+
+class Llama(nn.Module):
+    """A Llama-style decoder LM: token embedding, `layers` LlamaBlocks, RMSNorm, untied head."""
+
+    def __init__(self, layers, d, heads, kv_heads, ffn, vocab, ctx, device=META, dtype=torch.bfloat16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d, device=device, dtype=dtype)
+        self.blocks = nn.ModuleList(LlamaBlock(d, heads, kv_heads, ffn, device, dtype) for _ in range(layers))
+        self.norm = RMSNorm(d, device, dtype)
+        self.head = nn.Linear(d, vocab, bias=False, device=device, dtype=dtype)
+        hd = d // heads
+        self.register_buffer("cos", torch.ones(ctx, hd, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("sin", torch.zeros(ctx, hd, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("mask", torch.ones(1, 1, ctx, ctx, dtype=torch.bool, device=device), persistent=False)
+
+    def forward(self, idx):
+        t = idx.size(1)
+        x = self.embed(idx)
+        cos, sin = self.cos[:t], self.sin[:t]
+        for blk in self.blocks:
+            x = blk(x, cos, sin, self.mask)
+        return self.head(self.norm(x))
+
+
+# Llama-style shapes (layers, width, heads, key/value heads, MLP width, vocabulary): a 1B and
+# a 3B model in the proportions of Llama 3.2's published configurations.
+LLAMA_SIZES = {"1b": (16, 2048, 32, 8, 8192, 128256), "3b": (28, 3072, 24, 8, 8192, 128256)}
+
+
+def llama_train(rec, args):
+    """Mixed precision as people train: bf16 weights for forward and backward, fp32 master
+    weights and AdamW state; each step casts the bf16 gradients to fp32, steps the master
+    weights and copies them back to bf16."""
+    layers, d, heads, kv, ffn, vocab = LLAMA_SIZES[args.size]
+    model = Llama(layers, d, heads, kv, ffn, vocab, args.seq)
+    params = list(model.parameters())
+    master = [p.detach().float().requires_grad_(False) for p in params]
+    opt = torch.optim.AdamW(master, lr=1e-4, foreach=False)
+    idx = torch.empty(args.batch, args.seq, dtype=torch.long, device=META)
+    targets = torch.empty(args.batch * args.seq, dtype=torch.long, device=META)
+    with rec:
+        rec.mark("weight", params + master)
+        for it in range(args.iters):
+            rec.iteration(it)
+            logits = model(idx)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets)
+            loss.backward()
+            for p, m in zip(params, master):
+                m.grad = p.grad.float()
+                p.grad = None
+            opt.step()
+            with torch.no_grad():
+                for p, m in zip(params, master):
+                    p.copy_(m)
+                    m.grad = None
+            del logits, loss
+        for st in opt.state.values():
+            rec.mark("optimizer", [v for v in st.values() if isinstance(v, torch.Tensor)])
+    return model, params, master, opt, idx, targets
+
+
 MODELS = {
     "gpt2-xl-train": (gpt_train, "GPT-2 XL-shaped decoder LM (48x1600, 25 heads, vocab 50257), fp32 training with AdamW"),
     "gpt2-xl-infer": (gpt_infer, "GPT-2 XL-shaped decoder LM, fp32 inference: prefill, then decode steps with a growing KV cache"),
     "resnet50-train": (resnet_train, "torchvision ResNet-50, fp32 training with SGD+momentum, 224x224 images"),
+    "llama-train": (llama_train, "Llama-style decoder LM (RMSNorm, RoPE, SwiGLU, grouped-query attention), "
+                                 "bf16 training with fp32 master weights and AdamW"),
 }
 
 
@@ -327,13 +447,14 @@ def main(argv):
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--decode", type=int, default=32)
+    p.add_argument("--size", choices=sorted(LLAMA_SIZES), default="1b", help="llama-train: model size [1b]")
     p.add_argument("--tflops-fp32", type=float, default=494.7, help="dense TF32 tensor-core TFLOP/s [H200: 494.7]")
     p.add_argument("--tflops-half", type=float, default=989.0, help="dense BF16/FP16 TFLOP/s [H200: 989]")
     p.add_argument("--bandwidth-tbs", type=float, default=4.8, help="memory bandwidth, TB/s [H200: 4.8]")
     p.add_argument("--floor-us", type=float, default=4.0, help="minimum kernel time, us [4]")
     a = p.parse_args(argv[1:])
     if a.batch is None:
-        a.batch = {"gpt2-xl-train": 16, "gpt2-xl-infer": 48, "resnet50-train": 512}[a.model]
+        a.batch = {"gpt2-xl-train": 16, "gpt2-xl-infer": 48, "resnet50-train": 512, "llama-train": 8}[a.model]
     roof = Roofline(a.tflops_fp32 * 1e12, a.tflops_half * 1e12, a.bandwidth_tbs * 1e12, a.floor_us * 1e3)
     rec = Recorder(roof)
     fn, what = MODELS[a.model]
@@ -341,7 +462,7 @@ def main(argv):
     header = {
         "format": "spillway-trace", "version": 1,
         "source": f"scripts/trace_torch.py {a.model}: {what}; torch {torch.__version__} on the meta device",
-        "model": a.model, "batch": a.batch, "seq": a.seq, "iterations": a.iters if "train" in a.model else None,
+        "model": a.model if a.model != "llama-train" else f"llama-{a.size}-train", "batch": a.batch, "seq": a.seq, "iterations": a.iters if "train" in a.model else None,
         "decode_steps": a.decode if "infer" in a.model else None,
         "roofline": {"tflops_fp32": a.tflops_fp32, "tflops_half": a.tflops_half, "bandwidth_tb_s": a.bandwidth_tbs,
                      "floor_us": a.floor_us, "figures": "NVIDIA H200 SXM datasheet (dense)"},
