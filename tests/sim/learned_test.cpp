@@ -615,29 +615,7 @@ TEST(LearnedTest, IdsThatDoNotRecurAreForgottenWithTheHistory) {
 // needed (694 ms against 802 ms), though the earlier evictions cost fetches (188 chunks
 // against 152).
 TEST(LearnedTest, WritesBackAheadOfNeedOnATrainingLoop) {
-  Builder b;
-  std::uint64_t id = 0;
-  std::vector<std::uint64_t> weights;
-  const int layers = 12;
-  for (int l = 0; l < layers; ++l) {
-    b.alloc(++id, kChunkBytes);
-    weights.push_back(id);
-  }
-  for (int step = 0; step < 8; ++step) {
-    std::vector<std::uint64_t> acts;
-    for (int l = 0; l < layers; ++l) {
-      b.alloc(++id, 2 * kChunkBytes);
-      std::vector<std::uint64_t> in{weights[l]};
-      if (!acts.empty()) in.push_back(acts.back());
-      b.kernel("fwd" + std::to_string(l), 2 * kMs, in, {id});
-      acts.push_back(id);
-    }
-    for (int l = layers - 1; l >= 0; --l) {
-      b.kernel("bwd" + std::to_string(l), 3 * kMs, {weights[l], acts[l]}, {weights[l]});
-      b.free(acts[l]);
-    }
-  }
-  CompiledTrace t = compile(b.t);
+  CompiledTrace t = testing::training_loop(8, 12, 2 * kChunkBytes, kChunkBytes);
   SimParams p = slow_link(static_cast<std::uint64_t>(0.5 * static_cast<double>(t.peak_bytes)) / kChunkBytes);
   p.link.d2h_bytes_per_s /= 2;
   LearnedParams late;

@@ -19,6 +19,7 @@ constexpr std::uint64_t MiB = 1 << 20;
 using testing::Builder;
 using testing::kMs;
 using testing::slow_link;
+using testing::training_loop;
 
 CompiledTrace three_blocks() {
   Builder b;
@@ -27,32 +28,6 @@ CompiledTrace three_blocks() {
   return b.compile();
 }
 
-// A training-like loop: weights persist; each iteration allocates activations in forward
-// order, reads them back in reverse in backward, frees them.
-CompiledTrace training_loop(int iterations, int layers, std::uint64_t act_bytes, std::uint64_t weight_bytes) {
-  Builder b;
-  std::uint64_t id = 0;
-  std::vector<std::uint64_t> weights;
-  for (int l = 0; l < layers; ++l) {
-    b.alloc(++id, weight_bytes);
-    weights.push_back(id);
-  }
-  for (int it = 0; it < iterations; ++it) {
-    std::vector<std::uint64_t> acts;
-    for (int l = 0; l < layers; ++l) {
-      b.alloc(++id, act_bytes);
-      std::vector<std::uint64_t> in{weights[l]};
-      if (!acts.empty()) in.push_back(acts.back());
-      b.kernel("fwd" + std::to_string(l), 2 * kMs, in, {id});
-      acts.push_back(id);
-    }
-    for (int l = layers - 1; l >= 0; --l) {
-      b.kernel("bwd" + std::to_string(l), 3 * kMs, {weights[l], acts[l]}, {weights[l]});
-      b.free(acts[l]);
-    }
-  }
-  return b.compile();
-}
 
 // Random blocks and kernels (seeded): sub-chunk and multi-chunk blocks, partial ranges.
 CompiledTrace random_trace(std::uint64_t seed) {

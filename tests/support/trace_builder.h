@@ -74,6 +74,33 @@ struct Builder {
   CompiledTrace compile() const { return sim::compile(t); }
 };
 
+// A training-like loop: weights persist; each iteration allocates activations in forward
+// order, reads them back in reverse in backward, frees them.
+inline CompiledTrace training_loop(int iterations, int layers, std::uint64_t act_bytes, std::uint64_t weight_bytes) {
+  Builder b;
+  std::uint64_t id = 0;
+  std::vector<std::uint64_t> weights;
+  for (int l = 0; l < layers; ++l) {
+    b.alloc(++id, weight_bytes);
+    weights.push_back(id);
+  }
+  for (int it = 0; it < iterations; ++it) {
+    std::vector<std::uint64_t> acts;
+    for (int l = 0; l < layers; ++l) {
+      b.alloc(++id, act_bytes);
+      std::vector<std::uint64_t> in{weights[l]};
+      if (!acts.empty()) in.push_back(acts.back());
+      b.kernel("fwd" + std::to_string(l), 2 * kMs, in, {id});
+      acts.push_back(id);
+    }
+    for (int l = layers - 1; l >= 0; --l) {
+      b.kernel("bwd" + std::to_string(l), 3 * kMs, {weights[l], acts[l]}, {weights[l]});
+      b.free(acts[l]);
+    }
+  }
+  return b.compile();
+}
+
 // The shape of a seeded random trace: per step, with `what` = rng() % 10, a block is
 // allocated when what < alloc_below or fewer than min_live are live (1 to max_chunks chunks'
 // worth of bytes), freed when what < free_below and more than min_live are live, else a

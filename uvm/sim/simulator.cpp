@@ -178,10 +178,6 @@ void write_timeline(const std::string& path, const CompiledTrace& trace, const C
   if (!out) throw std::runtime_error(fmt::format("{}: write failed", path));
 }
 
-}  // namespace spillway::sim
-
-namespace spillway::sim {
-
 std::uint64_t TimelineBreakdown::busy(unsigned track_bits) const {
   std::uint64_t sum = 0;
   for (unsigned m = 0; m < ns.size(); ++m) {
