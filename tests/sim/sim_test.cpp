@@ -28,7 +28,6 @@ CompiledTrace three_blocks() {
   return b.compile();
 }
 
-
 // Random blocks and kernels (seeded): sub-chunk and multi-chunk blocks, partial ranges.
 CompiledTrace random_trace(std::uint64_t seed) {
   return testing::random_trace(seed, {400, 3, 4, 3, 5, 7, 4}).compile();
