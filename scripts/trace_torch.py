@@ -430,12 +430,16 @@ def llama_train(rec, args):
     return model, params, master, opt, idx, targets
 
 
+# name -> (function, what it records, sizes {size: shape tuple} or None, default size, default batch).
+# A model with sizes reads its shape from its sizes table by args.size (`--size`, checked in main).
 MODELS = {
-    "gpt2-xl-train": (gpt_train, "GPT-2 XL-shaped decoder LM (48x1600, 25 heads, vocab 50257), fp32 training with AdamW"),
-    "gpt2-xl-infer": (gpt_infer, "GPT-2 XL-shaped decoder LM, fp32 inference: prefill, then decode steps with a growing KV cache"),
-    "resnet50-train": (resnet_train, "torchvision ResNet-50, fp32 training with SGD+momentum, 224x224 images"),
+    "gpt2-xl-train": (gpt_train, "GPT-2 XL-shaped decoder LM (48x1600, 25 heads, vocab 50257), fp32 training with AdamW",
+                      None, None, 16),
+    "gpt2-xl-infer": (gpt_infer, "GPT-2 XL-shaped decoder LM, fp32 inference: prefill, then decode steps with a growing KV cache",
+                      None, None, 48),
+    "resnet50-train": (resnet_train, "torchvision ResNet-50, fp32 training with SGD+momentum, 224x224 images", None, None, 512),
     "llama-train": (llama_train, "Llama-style decoder LM (RMSNorm, RoPE, SwiGLU, grouped-query attention), "
-                                 "bf16 training with fp32 master weights and AdamW"),
+                                 "bf16 training with fp32 master weights and AdamW", LLAMA_SIZES, "1b", 8),
 }
 
 
@@ -447,22 +451,29 @@ def main(argv):
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--decode", type=int, default=32)
-    p.add_argument("--size", choices=sorted(LLAMA_SIZES), default="1b", help="llama-train: model size [1b]")
+    p.add_argument("--size", help="the model's size, for models that have sizes: " +
+                   "; ".join(f"{m}: {', '.join(v[2])} [{v[3]}]" for m, v in sorted(MODELS.items()) if v[2]))
     p.add_argument("--tflops-fp32", type=float, default=494.7, help="dense TF32 tensor-core TFLOP/s [H200: 494.7]")
     p.add_argument("--tflops-half", type=float, default=989.0, help="dense BF16/FP16 TFLOP/s [H200: 989]")
     p.add_argument("--bandwidth-tbs", type=float, default=4.8, help="memory bandwidth, TB/s [H200: 4.8]")
     p.add_argument("--floor-us", type=float, default=4.0, help="minimum kernel time, us [4]")
     a = p.parse_args(argv[1:])
+    fn, what, sizes, default_size, default_batch = MODELS[a.model]
+    if sizes is None and a.size is not None:
+        p.error(f"--size: {a.model} has one size")
+    if sizes is not None:
+        a.size = a.size or default_size
+        if a.size not in sizes:
+            p.error(f"--size: invalid value '{a.size}' for {a.model} (accepted: {', '.join(sizes)})")
     if a.batch is None:
-        a.batch = {"gpt2-xl-train": 16, "gpt2-xl-infer": 48, "resnet50-train": 512, "llama-train": 8}[a.model]
+        a.batch = default_batch
     roof = Roofline(a.tflops_fp32 * 1e12, a.tflops_half * 1e12, a.bandwidth_tbs * 1e12, a.floor_us * 1e3)
     rec = Recorder(roof)
-    fn, what = MODELS[a.model]
     keep = fn(rec, a)
     header = {
         "format": "spillway-trace", "version": 1,
         "source": f"scripts/trace_torch.py {a.model}: {what}; torch {torch.__version__} on the meta device",
-        "model": a.model if a.model != "llama-train" else f"llama-{a.size}-train", "batch": a.batch, "seq": a.seq, "iterations": a.iters if "train" in a.model else None,
+        "model": a.model if sizes is None else f"{a.model}-{a.size}", "batch": a.batch, "seq": a.seq, "iterations": a.iters if "train" in a.model else None,
         "decode_steps": a.decode if "infer" in a.model else None,
         "roofline": {"tflops_fp32": a.tflops_fp32, "tflops_half": a.tflops_half, "bandwidth_tb_s": a.bandwidth_tbs,
                      "floor_us": a.floor_us, "figures": "NVIDIA H200 SXM datasheet (dense)"},
