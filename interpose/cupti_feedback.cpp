@@ -92,6 +92,7 @@ struct KernelSpan {
 struct WaitingFault {
   std::uint64_t time, addr;
   std::uint32_t device;
+  bool write;
 };
 // Never destroyed (heap): CUPTI's own thread may still deliver a buffer while the process
 // exits, after static destructors have run.
@@ -122,10 +123,11 @@ void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_recor
 }
 
 // Attributes the waiting faults to the kernels known so far (with records().mutex held). A
-// fault counts once per (launch, 2 MiB chunk): CUPTI reports one record per faulting page.
+// fault counts once per (launch, 2 MiB chunk), a write fault after a read fault once more:
+// CUPTI reports one record per faulting page.
 void attribute_locked(Records& rec) {
   std::size_t kept = 0;
-  std::unordered_map<std::uint64_t, std::uint64_t> last_chunk;  // launch seq -> chunk last queued
+  std::unordered_map<std::uint64_t, std::uint64_t> last_chunk;  // launch seq -> 2 * chunk last queued + its write bit
   for (std::size_t i = 0; i < rec.waiting.size(); ++i) {
     const WaitingFault& f = rec.waiting[i];
     bool found = false, covered = false;
@@ -142,9 +144,9 @@ void attribute_locked(Records& rec) {
       found = true;
       const std::uint64_t chunk = f.addr / kChunkBytes;
       auto [last, fresh] = last_chunk.try_emplace(ext->second, ~0ull);
-      if (!fresh && last->second == chunk) continue;
-      last->second = chunk;
-      if (rec.queue.size() < CuptiFeedback::kMaxQueued) rec.queue.push_back(FaultRecord{ext->second, f.addr});
+      if (!fresh && last->second / 2 == chunk && (last->second % 2 == 1 || !f.write)) continue;
+      last->second = 2 * chunk + (f.write ? 1 : 0);
+      if (rec.queue.size() < CuptiFeedback::kMaxQueued) rec.queue.push_back(FaultRecord{ext->second, f.addr, f.write});
     }
     // Not attributable yet: its kernel's record may still come — unless a kernel record
     // covers it with no launch of ours (a kernel the shim did not bracket, e.g. a graph's)
@@ -204,7 +206,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         case CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER: {
           const auto* u = reinterpret_cast<const CUpti_ActivityUnifiedMemoryCounter3*>(record);
           if (u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT) {
-            rec.waiting.push_back(WaitingFault{u->start, u->address, u->srcId});
+            // flags: the faulting access's CUpti_ActivityUnifiedMemoryAccessType (cupti_activity.h)
+            const bool write = u->flags == CUPTI_ACTIVITY_UNIFIED_MEMORY_ACCESS_TYPE_WRITE ||
+                               u->flags == CUPTI_ACTIVITY_UNIFIED_MEMORY_ACCESS_TYPE_ATOMIC;
+            rec.waiting.push_back(WaitingFault{u->start, u->address, u->srcId, write});
           } else if (u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD) {
             g_to_gpu.fetch_add(u->value, std::memory_order_relaxed);
           } else if (u->counterKind == CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_DTOH) {

@@ -33,7 +33,7 @@ void LearnedPolicy::on_alloc(const Block& block, Actions&) {
     ChunkInfo& i = chunks_[c];
     i.allocated = true;
     i.advised = false;  // a new block: no advice on it
-    if (i.blocks == 0) i.read_mostly = false;
+    if (i.blocks == 0) i.read_mostly = i.write_faulted = false;
     if (i.blocks++ == 0 || i.end_offset == 0) {
       // Offsets from the chunk's start: [addr_offset, end_offset) is within [0, 2 MiB].
       const std::uint64_t lo = c * kChunkBytes;
@@ -61,6 +61,33 @@ void LearnedPolicy::on_free(const Block& block, Actions&) {
     // The data its last touch left is dead: that touch's signature learns so.
     if (i.sig != kNone) observe(i.sig, true, 0);
     i.sig = kNone;
+  }
+}
+
+// ---- write faults: which touches write, where launches do not say ----
+
+void LearnedPolicy::on_faults(std::span<const FaultRecord> faults) {
+  extents_.observe(faults);
+  std::uint32_t entry = kNone, from = 0;  // the last fault's entry and touch (a launch's faults come in address order)
+  for (const FaultRecord& f : faults) {
+    if (!f.write) continue;
+    const auto& [tag, n] = seq_entries_[f.launch_seq % kSeqWindow];
+    if (tag != f.launch_seq + 1 || n >= log_.size()) continue;  // too old, or forgotten
+    const Entry& e = log_[n];
+    if (n != entry) entry = n, from = e.touch_begin;
+    const ChunkIndex c = chunk_of(f.addr);
+    if (ChunkInfo* info = chunks_.find(c); info != nullptr && info->blocks > 0) info->write_faulted = true;
+    const std::uint32_t count = e.touch_end - e.touch_begin;
+    for (std::uint32_t k = 0; k < count; ++k) {
+      const std::uint32_t t = e.touch_begin + (from - e.touch_begin + k) % count;
+      if (touches_[t].chunk != c) continue;
+      if (!touches_[t].write) {
+        touches_[t].write = true;
+        ++writes_learned_;
+      }
+      from = t;
+      break;
+    }
   }
 }
 
@@ -280,7 +307,7 @@ std::uint64_t LearnedPolicy::other_bytes() const {
          hash_heap_bytes(ids_) + hash_heap_bytes(names_) + sigs_.size() * sizeof(std::uint32_t) + vector_heap_bytes(sigs_) +
          tree_heap_bytes<RankedSet>(resident_.size() + spare_nodes_.size()) + vector_heap_bytes(spare_nodes_) +
          walked_.size() * sizeof(walked_.front()) * 9 / 8 + vector_heap_bytes(recent_) + vector_heap_bytes(precision_) + vector_heap_bytes(forgotten_) +
-         vector_heap_bytes(missing_) + vector_heap_bytes(touched_) + vector_heap_bytes(deferred_) + extents_.state_bytes();
+         vector_heap_bytes(missing_) + vector_heap_bytes(touched_) + vector_heap_bytes(deferred_) + vector_heap_bytes(seq_entries_) + extents_.state_bytes();
 }
 
 std::uint64_t LearnedPolicy::state_bytes() const { return history_bytes() + other_bytes(); }
@@ -334,6 +361,7 @@ void LearnedPolicy::make_room(std::uint64_t touches) {
 
 void LearnedPolicy::compact(std::uint64_t keep_bytes, std::uint64_t keep_entries, std::uint64_t keep_touches) {
   ++compactions_;
+  std::fill(seq_entries_.begin(), seq_entries_.end(), std::pair<std::uint64_t, std::uint32_t>{0, 0});  // (entries are renumbered)
   const std::uint64_t mark = compactions_;
   const auto share = [&](std::uint64_t total, double part) {
     return total == UINT64_MAX ? UINT64_MAX : static_cast<std::uint64_t>(static_cast<double>(total) * part);
@@ -460,6 +488,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
   }
   IdInfo* id = nullptr;
   const std::uint32_t n = append(launch, &id);
+  seq_entries_[seq_ % kSeqWindow] = {seq_ + 1, n};
   const std::uint32_t found = locate(n, *id);
   const bool in_step = found != kNone && found == match_ && anchor_ != kNone;
   anchor_ = found;
@@ -486,16 +515,25 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     std::uint64_t nu = seq_ + std::max<std::uint64_t>(period_, 1);
     // Unpredicted: what usually follows a touch by this signature (its next touch writes
     // less often than not), else as it is. (Only where writes are known: not in the shim.)
+    // Where the launch does not say (the shim), writes are learned from write faults: the
+    // matched entry's touch tells whether this one writes; an unmatched launch changes no advice.
     bool read_mostly = info.read_mostly;
+    const bool learns = !launch.writes_known && writes_from_faults_;
     if (launch.writes_known) {
       if (info.sig != kNone && sigs_[info.sig].writes >= 0) read_mostly = sigs_[info.sig].writes < 0.5;
       if (touches_[cur.touch_begin + i].write) read_mostly = false;
     }
     if (zip && touches_[log_[found].touch_begin + i].chunk == c) {
-      const std::uint32_t nt = touches_[log_[found].touch_begin + i].next;
+      const Touch& matched = touches_[log_[found].touch_begin + i];
+      const std::uint32_t nt = matched.next;
       // No later touch, or the next one is on a new block (this one is freed first): dead.
       nu = nt == kNone || touches_[nt].fresh ? kFar : seq_ + (touches_[nt].entry - found);
-      if (launch.writes_known && !touches_[cur.touch_begin + i].write) read_mostly = nu == kFar || !touches_[nt].write;
+      // (Learned: the bit passes on to this touch, which the next iteration matches: a write
+      // predicted in time faults no more, so each iteration must hand its knowledge on.)
+      if (learns && matched.write) touches_[cur.touch_begin + i].write = true;
+      const bool writes_now = touches_[cur.touch_begin + i].write;
+      if (launch.writes_known || learns) read_mostly = !writes_now && (nu == kFar || !touches_[nt].write);
+      if (learns && info.write_faulted) read_mostly = false;
     } else {
       const std::uint64_t g = guess_next_use(info);
       if (g != 0) {
@@ -503,7 +541,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         ++sig_predicted_;
       }
     }
-    if (launch.writes_known && read_mostly != info.read_mostly && info.blocks > 0 && info.end_offset != 0) {
+    if ((launch.writes_known || learns) && read_mostly != info.read_mostly && info.blocks > 0 && info.end_offset != 0) {
       const std::uint64_t addr = c * kChunkBytes + info.addr_offset, bytes = info.end_offset - info.addr_offset;
       actions.advise(addr, bytes, read_mostly ? Advice::read_mostly : Advice::unset_read_mostly, Location::gpu);
       info.read_mostly = read_mostly;

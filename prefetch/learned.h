@@ -17,11 +17,20 @@
 //     lookahead's horizon will need room from are evicted already, by the same rule, their
 //     write-backs budgeted by a virtual clock of the D2H engine, so that the room is free
 //     when the link can fetch for those launches;
-//   * read-mostly (issue 13 item 3), when the launches say which accesses write
-//     (Launch::writes_known): a chunk a launch only reads, and whose next touch in the
+//   * read-mostly (issue 13 item 3): a chunk a launch only reads, and whose next touch in the
 //     history only reads it too (or frees it), is advised read-mostly, so that evicting it
 //     costs no write-back; a chunk a launch writes is un-advised before it (a write to a
-//     read-mostly copy faults to collapse the copies).
+//     read-mostly copy faults to collapse the copies). Which touches write comes from the
+//     launches where they say so (Launch::writes_known: the simulator's traces), else from
+//     the driver's write faults (FaultRecord::write: the shim, through CUPTI): a touch is
+//     taken to write once a write fault was attributed to it, and a launch in step with the
+//     history is predicted to write what its matched entry wrote. Learned so, a chunk is
+//     not advised read-mostly again once a write fault has been taken on it since its blocks
+//     were allocated: a write no fault has shown (a chunk written while resident and not
+//     read-mostly faults not at all) costs a fault when it meets the read-mostly copy, once
+//     per chunk, and the next such write may come from a launch the history does not match.
+//     Measured (bench/README.md): inference saves write-backs; the bundled 3-iteration
+//     training traces pay that one-time cost (docs/learned-policy.md §5b).
 // Where the history says nothing (no match, or a footprint that differs from it), a chunk's
 // next use is guessed from its signature — the kernel name and argument position of its last
 // touch — which learns from every chunk how soon data touched that way is used again, or
@@ -132,9 +141,14 @@ class LearnedPolicy final : public Policy {
   bool leave_remote(ChunkIndex chunk) override;
   // Fault feedback (issue 12 item 4): inferred footprint ranges are replaced by the extents
   // the driver's faults showed (extent_learner.h).
+  // Write faults also mark the touches they were attributed to as writes (read-mostly above).
   bool wants_faults() const override { return true; }
-  void on_faults(std::span<const FaultRecord> faults) override { extents_.observe(faults); }
-  std::span<const Access> refine_footprint(const Launch& launch) override { return extents_.refine(launch); }
+  void on_faults(std::span<const FaultRecord> faults) override;
+  // (Called only while the Backend reports faults: from then on write bits are learned.)
+  std::span<const Access> refine_footprint(const Launch& launch) override {
+    writes_from_faults_ = true;
+    return extents_.refine(launch);
+  }
   const ExtentLearner& extents() const { return extents_; }
   // Bounded state (issue 17): the history is compacted so that the policy's state stays
   // below `bytes` (see compact()); the extents get 1/8 of it.
@@ -150,6 +164,7 @@ class LearnedPolicy final : public Policy {
   std::uint64_t scanned() const { return scanned_; }  // predicted launches examined by the lookahead
   std::uint64_t signature_predictions() const { return sig_predicted_; }  // next uses predicted by signature
   std::uint64_t early_evictions() const { return early_evictions_; }  // victims evicted ahead of need (write-back ahead)
+  std::uint64_t writes_learned() const { return writes_learned_; }  // touches marked as writes by write faults
   std::uint64_t budget_chunks() const { return budget_chunks_; }
   std::size_t known_ids() const { return ids_.size(); }  // execution ids in the history's tables
   std::uint64_t lookahead_end() const { return ahead_; }  // predicted launches up to this seq have been planned for
@@ -174,7 +189,7 @@ class LearnedPolicy final : public Policy {
     std::uint32_t next;  // index in touches_ of the next touch of this chunk, or kNone
     std::uint32_t entry; // log entry holding this touch
     bool fresh;          // the chunk's block was allocated since its previous touch
-    bool write;          // the launch writes the chunk (Launch::writes_known)
+    bool write;          // the launch writes the chunk (Launch::writes_known, or a write fault)
   };
   struct Entry {
     std::uint64_t exec_id;
@@ -192,6 +207,7 @@ class LearnedPolicy final : public Policy {
     bool advised : 1 = false;          // remote-access advice set on the live block here
     bool resident : 1 = false;         // in the Engine's plan (on_residency)
     bool read_mostly : 1 = false;      // read-mostly advice set on the live block here
+    bool write_faulted : 1 = false;    // a write fault was taken on it while its blocks live (learned writes: never advised)
     std::uint8_t pf_age = kNoAge;      // anchor age (streak) of the prefetch awaiting its use
     std::uint64_t remote = 0;          // stamp_ of the launch that leaves it remote
     std::uint64_t nu = kFar;           // predicted next use (launch seq)
@@ -307,6 +323,14 @@ class LearnedPolicy final : public Policy {
   double link_free_ns_ = 0;  // virtual link clock: when the prefetches issued so far arrive
   double writeback_free_ns_ = 0;  // virtual D2H clock: when the early write-backs issued so far are done
   std::uint64_t early_evictions_ = 0;
+  // Write faults name a launch by its seq: the log entry of each of the last kSeqWindow
+  // launches ([seq % kSeqWindow] = {seq + 1, entry}; cleared by compact(), which renumbers).
+  // Older launches' faults teach nothing (CUPTI delivers its buffers within a few launches).
+  static constexpr std::size_t kSeqWindow = 4096;
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> seq_entries_ =
+      std::vector<std::pair<std::uint64_t, std::uint32_t>>(kSeqWindow);
+  bool writes_from_faults_ = false;  // the Backend reports faults: where launches do not say, write bits are learned from them
+  std::uint64_t writes_learned_ = 0;
   std::uint64_t prev_now_ = 0, prev_dur_ = 0;  // the previous launch's issue time and duration
   bool prev_remote_ = false;     // the previous launch left chunks remote
   bool prev_predicted_ = false;  // the previous launch was in step with the history

@@ -146,9 +146,15 @@ void residency_prefetch(uintptr_t p, size_t n, int device, int caller);
 void residency_discard(uintptr_t p, size_t n, int caller);   // cuMemDiscardBatchAsync, executed
 // cuMemAdvise, accepted; device: the location's GPU, or -1 for a host location.
 void residency_advise(uintptr_t p, size_t n, CUmem_advise advice, int device);
-// A launch that executes on GPU `device`: `blocks` are the managed ranges (base, size) it
-// uses; every chunk of each is touched there.
-void residency_launch(int device, const std::vector<std::pair<uintptr_t, size_t>>& blocks);
+// A managed range a launch uses, and whether it writes it.
+struct TouchedRange {
+  uintptr_t base;
+  size_t size;
+  bool write;
+};
+// A launch that executes on GPU `device`: `ranges` are the managed ranges it uses; every chunk
+// of each is touched there.
+void residency_launch(int device, const std::vector<TouchedRange>& ranges);
 
 // ---- contexts, streams and events ---------------------------------------------------------
 // A context is on one device and has its own legacy default stream (NULL, CU_STREAM_LEGACY

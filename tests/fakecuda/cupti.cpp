@@ -11,7 +11,8 @@
 //     (CUpti_ActivityAPI), as CUPTI writes them (only before an API record);
 //   * UNIFIED_MEMORY_COUNTER (CUpti_ActivityUnifiedMemoryCounter3): GPU_PAGE_FAULT at the
 //     chunk's base for each chunk a launch faulted on or first-touched, timed inside its
-//     kernel's [start, end], srcId the faulting device; BYTES_TRANSFER_HTOD / _DTOH / _DTOD
+//     kernel's [start, end], srcId the faulting device, flags the access type (WRITE where
+//     the launch writes the chunk, else READ); BYTES_TRANSFER_HTOD / _DTOH / _DTOD
 //     at the chunk's base for faults, prefetches and evictions, srcId and dstId the devices
 //     involved (the CPU's id is 0, as in a single-socket host), each only when its counter
 //     was configured and the kind enabled. The counters' scope and deviceId are not honoured:
@@ -67,7 +68,7 @@ void append(const R& r) {
 // srcId/dstId: "The ID of the source [destination] CPU/device involved in the memory
 // transfer, page fault, ..." (cupti_activity.h, CUpti_ActivityUnifiedMemoryCounter3).
 void um_record(CUpti_ActivityUnifiedMemoryCounterKind kind, std::uint64_t value, std::uint64_t addr, std::uint32_t src,
-               std::uint32_t dst) {
+               std::uint32_t dst, std::uint32_t flags = 0) {
   if (!g_enabled[CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER] || !g_counter[kind]) return;
   CUpti_ActivityUnifiedMemoryCounter3 u{};
   u.kind = CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER;
@@ -78,6 +79,7 @@ void um_record(CUpti_ActivityUnifiedMemoryCounterKind kind, std::uint64_t value,
   u.address = addr;
   u.srcId = src;
   u.dstId = dst;
+  u.flags = flags;
   append(u);
 }
 
@@ -107,9 +109,10 @@ void on_kernel_begin(int) {
   api.correlationId = g_kernel_correlation;
   append(api);
 }
-void on_fault(int device, std::uint64_t addr) {
+void on_fault(int device, std::uint64_t addr, int write) {
   std::lock_guard lock(g_mutex);
-  um_record(CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT, 1, addr, id_of(device), 0);
+  um_record(CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT, 1, addr, id_of(device), 0,
+            write ? CUPTI_ACTIVITY_UNIFIED_MEMORY_ACCESS_TYPE_WRITE : CUPTI_ACTIVITY_UNIFIED_MEMORY_ACCESS_TYPE_READ);
 }
 void on_kernel_end(int device) {
   std::lock_guard lock(g_mutex);

@@ -292,8 +292,10 @@ __attribute__((no_sanitize("thread"))) void add_words(uint32_t* d, const uint32_
 // add_u32 really access (a kernel touches its data, not the whole allocation its pointers lie
 // in, which may be a sub-allocator's range), else every managed allocation a parameter word
 // points into.
-std::vector<std::pair<uintptr_t, size_t>> touched_ranges(const Function& fn, const std::vector<uint64_t>& values,
-                                                         const std::vector<const unsigned char*>& bytes) {
+// fill_u32 writes its pointer's range, add_u32 writes dst and reads a and b; any other kernel
+// is taken to write every managed allocation it is given (it may).
+std::vector<TouchedRange> touched_ranges(const Function& fn, const std::vector<uint64_t>& values,
+                                         const std::vector<const unsigned char*>& bytes) {
   auto arg = [&](size_t i) { return i < values.size() ? values[i] : 0; };
   std::vector<uint64_t> ptrs;
   uint64_t count = 0;
@@ -304,14 +306,18 @@ std::vector<std::pair<uintptr_t, size_t>> touched_ranges(const Function& fn, con
     ptrs = {arg(0), arg(1), arg(2)};
     count = arg(3);
   } else {
-    return managed_arguments(fn, bytes);
+    std::vector<TouchedRange> ranges;
+    for (const auto& [base, size] : managed_arguments(fn, bytes)) ranges.push_back(TouchedRange{base, size, true});
+    return ranges;
   }
-  std::vector<std::pair<uintptr_t, size_t>> ranges;
-  for (uint64_t p : ptrs) {
+  std::vector<TouchedRange> ranges;
+  for (size_t i = 0; i < ptrs.size(); ++i) {
     Alloc a;
+    const uint64_t p = ptrs[i];
     if (count == 0 || !find(p, &a) || !managed_kind(a.kind)) continue;
-    std::pair<uintptr_t, size_t> r{p, count * 4};
-    if (std::find(ranges.begin(), ranges.end(), r) == ranges.end()) ranges.push_back(r);
+    auto same = std::find_if(ranges.begin(), ranges.end(), [&](const TouchedRange& r) { return r.base == p && r.size == count * 4; });
+    if (same != ranges.end()) same->write = same->write || i == 0;
+    else ranges.push_back(TouchedRange{p, count * 4, i == 0});  // (argument 0 is the one written)
   }
   return ranges;
 }

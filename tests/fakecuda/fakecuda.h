@@ -47,6 +47,8 @@ typedef struct fakecuda_residency_stats_t {
   uint64_t remote_accesses;   /* chunks a launch read on the CPU (preferred location CPU + accessed by the GPU) */
   uint64_t discarded;         /* chunks dropped by cuMemDiscardBatchAsync (nothing copied) */
   uint64_t from_peer;         /* chunks that came from another GPU (a fault or a prefetch; counted there too) */
+  uint64_t read_mostly_drops; /* read-mostly duplicates that left the GPU with nothing copied (eviction or prefetch) */
+  uint64_t collapses;         /* writes to a read-mostly duplicate on the GPU (write faults, counted in faults too) */
 } fakecuda_residency_stats_t;
 
 /* Fills *out with the sums over the visible devices; returns 0, or -1 when the model is off
@@ -72,12 +74,13 @@ FAKECUDA_EXPORT int fakecuda_chunk_device(CUdeviceptr p);
  * kernel_begin/kernel_end bracket a launch that executes on `device`; fault: the launch
  * touched the chunk at `addr` (its 2 MiB base) that was not on its GPU (the real driver
  * reports a GPU page fault both for a chunk that must migrate and for a fresh one populated
- * on first touch; a migration follows for the former); migration: `bytes` at `addr` moved
+ * on first touch; a migration follows for the former), or wrote a read-mostly duplicate on
+ * it; `write`: 1 when the launch writes the chunk (a write fault), else 0; migration: `bytes` at `addr` moved
  * from `src` to `dst` (a device, or FAKECUDA_DEVICE_CPU for the host), for a fault, a
  * prefetch or an eviction. */
 typedef struct fakecuda_activity_sink_t {
   void (*kernel_begin)(int device);
-  void (*fault)(int device, uint64_t addr);
+  void (*fault)(int device, uint64_t addr, int write);
   void (*kernel_end)(int device);
   void (*migration)(int src, int dst, uint64_t addr, uint64_t bytes);
 } fakecuda_activity_sink_t;

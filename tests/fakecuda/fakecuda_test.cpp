@@ -1335,7 +1335,7 @@ TEST_F(FakeCuda, StatsNameEachDeviceAndItsPhysicalOrdinal) {
   EXPECT_NE(both.find("{\"device\":1,\"physical\":1,\"gpu_memory\":8388608,\"capacity_chunks\":4,"
                       "\"resident_chunks\":1,\"launches\":2,\"faults\":1,\"populated\":1,\"prefetched_in\":0,"
                       "\"prefetched_out\":1,\"driver_evictions\":0,\"late_prefetches\":0,\"remote_accesses\":0,"
-                      "\"discarded\":0,\"from_peer\":0,\"resident_bytes\":2097152}]}\n"),
+                      "\"discarded\":0,\"read_mostly_drops\":0,\"collapses\":0,\"from_peer\":0,\"resident_bytes\":2097152}]}\n"),
             std::string::npos)
       << both;
   std::string first = run("0", base + "-0.json", false), second = run("1", base + "-1.json", false);

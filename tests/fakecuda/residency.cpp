@@ -20,8 +20,16 @@
 //   data effects. from_peer counts the chunks a GPU got from another GPU (fault or prefetch).
 // - Advice: a chunk whose preferred location is the CPU and that GPU d is set to access
 //   (cuMemAdvise SET_PREFERRED_LOCATION host + SET_ACCESSED_BY device d) is read remotely by
-//   a launch on d while it is not on d: no fault, no migration (remote_accesses). Other
-//   advice changes nothing. A prefetch still migrates such a chunk.
+//   a launch on d while it is not on d: no fault, no migration (remote_accesses). A prefetch
+//   still migrates such a chunk. A read-mostly chunk (SET_READ_MOSTLY) that comes to a GPU
+//   from the CPU, by a read fault or a prefetch, is a duplicate there: its CPU copy stays
+//   valid, so leaving the GPU copies nothing (read_mostly_drops, no migration) — until a
+//   launch writes it, which faults (a write fault; collapses) and leaves one copy, the GPU's
+//   (CUDA Programming Guide, "Unified Memory", cudaMemAdviseSetReadMostly). UNSET_READ_MOSTLY
+//   collapses the chunk's duplicates too. Other advice changes nothing.
+// - A launch's ranges say whether it writes them (driver_api.cpp: fill_u32 and add_u32's
+//   destination; any other kernel writes what it is given): a fault is a write fault when
+//   the launch writes the chunk.
 // - Capacity: FAKECUDA_GPU_MEMORY / 2 MiB chunks per GPU. A chunk arriving on a full GPU
 //   evicts that GPU's oldest-migrated resident chunk not used by the same launch or prefetch
 //   (the driver's root-chunk list in uvm_pmm_gpu.c is per GPU and ordered by migration, not
@@ -59,11 +67,13 @@ struct Chunk {
   int where = kCpu;      // the GPU holding it, or kCpu
   uint64_t stamp = 0;    // migration order while on a GPU
   uint64_t arrived = 0;  // 1 + its GPU's launches when a prefetch brought it in; 0: not by prefetch
+  bool duplicate = false;  // on a GPU with a valid copy on the CPU too (read-mostly, unwritten since it came)
 };
 
 struct Hints {
   bool preferred_cpu = false;
   uint32_t accessed_by = 0;  // bit d: SET_ACCESSED_BY device d
+  bool read_mostly = false;  // SET_READ_MOSTLY
 };
 
 struct Gpu {
@@ -117,6 +127,12 @@ void leave_gpu(Chunk& c) {
   if (c.where >= 0) model().gpus[c.where].order.erase(c.stamp);
   c.where = kCpu;
   c.arrived = 0;
+  c.duplicate = false;
+}
+
+bool read_mostly(uint64_t index) {
+  auto h = model().hints.find(index);
+  return h != model().hints.end() && h->second.read_mostly;
 }
 
 // Puts chunk `index` (state `c`, not on a GPU) on GPU d, evicting there for room; `in_use`:
@@ -134,9 +150,12 @@ void arrive(int d, uint64_t index, Chunk& c, const std::vector<uint64_t>& in_use
       }
     }
     uint64_t v = victim->second;
-    leave_gpu(m.chunks[v]);
+    Chunk& out = m.chunks[v];
+    const bool copy = !out.duplicate;  // (a read-mostly duplicate is dropped: the CPU's copy is valid)
+    leave_gpu(out);
     ++g.stats.driver_evictions;
-    migrated(d, kCpu, v);
+    if (copy) migrated(d, kCpu, v);
+    else ++g.stats.read_mostly_drops;
   }
   c.where = d;
   c.stamp = ++m.clock;
@@ -156,6 +175,8 @@ void add(fakecuda_residency_stats_t& to, const fakecuda_residency_stats_t& s) {
   to.remote_accesses += s.remote_accesses;
   to.discarded += s.discarded;
   to.from_peer += s.from_peer;
+  to.read_mostly_drops += s.read_mostly_drops;
+  to.collapses += s.collapses;
 }
 
 // Device d's counters as read (model lock held).
@@ -173,14 +194,16 @@ fakecuda_residency_stats_t total_stats() {
 }
 
 std::string counters_json(const fakecuda_residency_stats_t& s) {
-  char line[512];
+  char line[640];
   std::snprintf(line, sizeof line,
                 "\"capacity_chunks\":%" PRIu64 ",\"resident_chunks\":%" PRIu64 ",\"launches\":%" PRIu64
                 ",\"faults\":%" PRIu64 ",\"populated\":%" PRIu64 ",\"prefetched_in\":%" PRIu64
                 ",\"prefetched_out\":%" PRIu64 ",\"driver_evictions\":%" PRIu64 ",\"late_prefetches\":%" PRIu64
-                ",\"remote_accesses\":%" PRIu64 ",\"discarded\":%" PRIu64,
+                ",\"remote_accesses\":%" PRIu64 ",\"discarded\":%" PRIu64 ",\"read_mostly_drops\":%" PRIu64
+                ",\"collapses\":%" PRIu64,
                 s.capacity_chunks, s.resident_chunks, s.launches, s.faults, s.populated, s.prefetched_in,
-                s.prefetched_out, s.driver_evictions, s.late_prefetches, s.remote_accesses, s.discarded);
+                s.prefetched_out, s.driver_evictions, s.late_prefetches, s.remote_accesses, s.discarded,
+                s.read_mostly_drops, s.collapses);
   return line;
 }
 
@@ -294,6 +317,13 @@ void residency_advise(uintptr_t p, size_t n, CUmem_advise advice, int device) {
       case CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION: h.preferred_cpu = false; break;
       case CU_MEM_ADVISE_SET_ACCESSED_BY: h.accessed_by |= bit; break;
       case CU_MEM_ADVISE_UNSET_ACCESSED_BY: h.accessed_by &= ~bit; break;
+      case CU_MEM_ADVISE_SET_READ_MOSTLY: h.read_mostly = true; break;
+      case CU_MEM_ADVISE_UNSET_READ_MOSTLY: {
+        h.read_mostly = false;
+        auto c = model().chunks.find(i);
+        if (c != model().chunks.end()) c->second.duplicate = false;  // one copy stays: the GPU's
+        break;
+      }
       default: break;
     }
   }
@@ -321,37 +351,54 @@ void residency_prefetch(uintptr_t p, size_t n, int device, int caller) {
         if (from >= 0) ++g.stats.from_peer;
         migrated(from, device, i);
         c.arrived = g.stats.launches + 1;  // a copy (populating a fresh chunk copies nothing)
+        c.duplicate = from == kCpu && read_mostly(i);
       }
     } else {
       if (fresh) ++m.gpus[charged(caller)].stats.populated;  // on the CPU
       if (c.where < 0) continue;
       int from = c.where;
+      const bool copy = !c.duplicate;
       leave_gpu(c);
+      if (!copy) {  // the CPU's copy is valid: the GPU's is dropped
+        ++m.gpus[from].stats.read_mostly_drops;
+        continue;
+      }
       ++m.gpus[from].stats.prefetched_out;
       migrated(from, kCpu, i);
     }
   }
 }
 
-void residency_launch(int device, const std::vector<std::pair<uintptr_t, size_t>>& blocks) {
+void residency_launch(int device, const std::vector<TouchedRange>& ranges) {
   if (!enabled()) return;
   std::lock_guard lock(model_mutex());
   Model& m = model();
   if (device < 0 || device >= m.devices) return;
   Gpu& g = m.gpus[device];
   const uint32_t bit = uint32_t{1} << device;
-  std::vector<uint64_t> in_use;
-  for (const auto& [base, size] : blocks)
-    for (uint64_t i = first_chunk(base), last = last_chunk(base, size); size && i <= last; ++i) in_use.push_back(i);
+  std::vector<uint64_t> in_use, written;
+  for (const TouchedRange& r : ranges)
+    for (uint64_t i = first_chunk(r.base), last = last_chunk(r.base, r.size); r.size && i <= last; ++i) {
+      in_use.push_back(i);
+      if (r.write) written.push_back(i);
+    }
   std::sort(in_use.begin(), in_use.end());
   in_use.erase(std::unique(in_use.begin(), in_use.end()), in_use.end());
+  std::sort(written.begin(), written.end());
   const fakecuda_activity_sink_t* k = sink();
   if (k != nullptr && k->kernel_begin != nullptr) k->kernel_begin(device);
   for (uint64_t i : in_use) {
     bool fresh = m.chunks.find(i) == m.chunks.end();
     Chunk& c = m.chunks[i];
+    const bool write = std::binary_search(written.begin(), written.end(), i);
     if (c.where == device) {
       if (c.arrived == g.stats.launches + 1) ++g.stats.late_prefetches;
+      if (write && c.duplicate) {  // a write to a read-mostly duplicate: a write fault, one copy stays
+        c.duplicate = false;
+        ++g.stats.faults;
+        ++g.stats.collapses;
+        if (k != nullptr && k->fault != nullptr) k->fault(device, i << kChunkShift, 1);
+      }
       continue;
     }
     auto h = m.hints.find(i);
@@ -365,7 +412,8 @@ void residency_launch(int device, const std::vector<std::pair<uintptr_t, size_t>
     if (from >= 0) ++g.stats.from_peer;
     leave_gpu(c);
     arrive(device, i, c, in_use);
-    if (k != nullptr && k->fault != nullptr) k->fault(device, i << kChunkShift);
+    c.duplicate = !fresh && !write && from == kCpu && read_mostly(i);
+    if (k != nullptr && k->fault != nullptr) k->fault(device, i << kChunkShift, write ? 1 : 0);
     if (!fresh) migrated(from, device, i);
   }
   if (k != nullptr && k->kernel_end != nullptr) k->kernel_end(device);

@@ -28,6 +28,13 @@
 //                           loads libcupti.so.13 globally and calls cuptiSubscribe found with
 //                           dlsym(RTLD_DEFAULT), as a profiler linked to libcupti would reach it;
 //                           prints subscribed=<its CUptiResult>
+//   per_tensor weights N    inference's way: three 16 MiB weight tensors copied in from the
+//                           host (cuMemcpyHtoD, as a framework loads a checkpoint), then N
+//                           iterations of one kernel per weight that reads it and writes its
+//                           own 16 MiB activation (add_u32: act = w + w), 15 ms apart; after
+//                           iteration N/2 a kernel no earlier iteration ran writes weight 0
+//                           anew (fill_u32). Checks every activation after every iteration
+//                           and prints weights=<base>,<bytes> and acts=<base>,<bytes> per tensor
 //   per_tensor threads T N  T threads, each N rounds of allocate / launch / check / free on its
 //                           own non-blocking stream
 //   per_tensor capture K    while a non-blocking stream is captured (relaxed mode; K = plain:
@@ -50,12 +57,14 @@ namespace {
 struct Kernels {
   CUmodule module = nullptr;
   CUfunction fill = nullptr;
+  CUfunction add = nullptr;
 };
 
 Kernels load() {
   Kernels k;
-  CHECK(cuModuleLoadData(&k.module, "fill_u32(8,8,4)"));
+  CHECK(cuModuleLoadData(&k.module, "fill_u32(8,8,4);add_u32(8,8,8,8)"));
   CHECK(cuModuleGetFunction(&k.fill, k.module, "fill_u32"));
+  CHECK(cuModuleGetFunction(&k.add, k.module, "add_u32"));
   return k;
 }
 
@@ -273,6 +282,44 @@ int threads(const Kernels& k, int nthreads, int rounds) {
 
 }  // namespace
 
+int weights(const Kernels& k, int iterations) {
+  constexpr size_t kBytes = 16 << 20;
+  CUdeviceptr w[3] = {}, act[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    CHECK(cuMemAlloc(&w[i], kBytes));
+    CHECK(cuMemAlloc(&act[i], kBytes));
+    std::printf("weights=%llu,%zu acts=%llu,%zu\n", static_cast<unsigned long long>(w[i]), kBytes,
+                static_cast<unsigned long long>(act[i]), kBytes);
+    std::vector<unsigned> host(kBytes / 4, unsigned(i + 1));
+    CHECK(cuMemcpyHtoD(w[i], host.data(), kBytes));
+  }
+  unsigned value[3] = {1, 2, 3};
+  size_t n = kBytes / 4;
+  for (int it = 0; it < iterations; ++it) {
+    for (int i = 0; i < 3; ++i) {
+      void* params[] = {&act[i], &w[i], &w[i], &n};
+      CHECK(cuLaunchKernel(k.add, 1, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr));
+    }
+    CHECK(cuCtxSynchronize());
+    for (int i = 0; i < 3; ++i) {
+      if (!holds(act[i], kBytes, 2 * value[i])) {
+        std::fprintf(stderr, "iteration %d: activation %d is not twice weight %d\n", it, i, i);
+        return 1;
+      }
+    }
+    if (it == iterations / 2) {  // a write the history has never seen
+      value[0] = 77;
+      fill(k, w[0], kBytes, value[0], nullptr);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+  }
+  for (int i = 0; i < 3; ++i) {
+    CHECK(cuMemFree(w[i]));
+    CHECK(cuMemFree(act[i]));
+  }
+  return 0;
+}
+
 int arena(const Kernels& k, int iterations, bool profile) {
   constexpr size_t MiB = 1 << 20;
   CUdeviceptr arena = 0;
@@ -314,9 +361,11 @@ int main(int argc, char** argv) {
   const std::string kind = argc > 2 ? argv[2] : "";
   const bool capture_mode = mode == "capture" && (kind == "plain" || kind == "to_graph");
   if (mode != "reuse" && !capture_mode &&
-      (n <= 0 || (mode != "discard" && mode != "training" && mode != "segments" && mode != "threads" && mode != "arena"))) {
+      (n <= 0 || (mode != "discard" && mode != "training" && mode != "segments" && mode != "threads" && mode != "arena" &&
+                  mode != "weights"))) {
     std::fprintf(stderr,
-                 "usage: per_tensor reuse | discard N | training N | segments N | arena N | threads T N | capture plain|to_graph\n");
+                 "usage: per_tensor reuse | discard N | training N | segments N | arena N | weights N | threads T N | capture "
+                 "plain|to_graph\n");
     return 2;
   }
   init_context();
@@ -327,6 +376,7 @@ int main(int argc, char** argv) {
   if (mode == "training") rc = training(k, n);
   if (mode == "segments") rc = segments(k, n);
   if (mode == "arena") rc = arena(k, n, argc > 3 && std::string(argv[3]) == "profile");
+  if (mode == "weights") rc = weights(k, n);
   if (mode == "threads") rc = threads(k, n, argc > 3 ? std::atoi(argv[3]) : 100);
   if (mode == "capture") rc = capture(kind);
   CHECK(cuModuleUnload(k.module));

@@ -677,16 +677,38 @@ TEST(ReadMostly, UnwrittenWeightsLeaveWithoutWriteBack) {
 }
 
 // Where the launches do not say which accesses write (the shim; the `pytorch` view), learned
-// sets no read-mostly advice: a guess would make every write fault.
-TEST(ReadMostly, LearnedAdvisesNothingWhenWritesAreUnknown) {
+// learns it from write faults (FaultRecord::write) when the Backend reports faults: the
+// weights, loaded once and then only read, are advised read-mostly and leave without
+// write-back — as where writes are known — and nothing read-mostly is written. Without fault
+// feedback it sets no advice at all (a guess would make every write fault).
+TEST(ReadMostly, LearnedLearnsWritesFromWriteFaults) {
   Builder b = read_only_loop();
   CompiledTrace seen = compile(b.t, AllocatorView::pytorch), none = compile(b.t);
   SimParams p = slow_link(4);
-  // Read-mostly flags come only from advice: no clean drop, no collapse without it.
+  const CellResult learned = run_cell(seen, "learned", p);
+  EXPECT_GT(learned.sim.clean_drops, 0u);
+  EXPECT_EQ(learned.sim.collapses, 0u);
+  EXPECT_GT(run_cell(none, "learned", p).sim.clean_drops, 0u);
+  p.fault_feedback = false;
   const CellResult blind = run_cell(seen, "learned", p);
   EXPECT_EQ(blind.sim.clean_drops, 0u);
   EXPECT_EQ(blind.sim.collapses, 0u);
-  EXPECT_GT(run_cell(none, "learned", p).sim.clean_drops, 0u);
+}
+
+// A write the history has not shown meets a read-mostly copy: it faults (a write fault), the
+// policy learns it, and that chunk is never advised read-mostly again while it lives — so a
+// chunk written every iteration collapses at most once, however many iterations run.
+TEST(ReadMostly, AChunkWrittenUnseenCollapsesOnce) {
+  Builder b;
+  for (std::uint64_t w = 1; w <= 8; ++w) b.alloc(w, kChunkBytes).kernel("load", kMs / 10, {}, {w});
+  for (int step = 0; step < 12; ++step) {
+    for (std::uint64_t w = 1; w <= 8; ++w) b.kernel("mm" + std::to_string(w), kMs / 10, {w});
+    b.kernel("update", kMs / 10, {1}, {1});  // weight 1 is read and written every step
+  }
+  CompiledTrace seen = compile(b.t, AllocatorView::pytorch);
+  const CellResult r = run_cell(seen, "learned", slow_link(4));
+  EXPECT_LE(r.sim.collapses, 1u) << "weight 1's chunk: once at most";
+  EXPECT_GT(r.sim.clean_drops, 0u) << "weights 2..8 stay read-mostly";
 }
 
 // A write to a resident read-mostly copy faults to collapse the copies (no data moves), and

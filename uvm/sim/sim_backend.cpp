@@ -256,6 +256,7 @@ void SimBackend::run(std::uint32_t index) {
       if (tt.write && (f & read_mostly) && !(f & dirty)) {
         collapse_faults += (tt.write_bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
         ++stats_.collapses;
+        if (faults_taken_) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes, true});
       }
       if (f & unused_prefetch) {
         stats_.prefetch_used_bytes += kChunkBytes;
@@ -278,7 +279,7 @@ void SimBackend::run(std::uint32_t index) {
       continue;
     }
     t = std::max(t, slot);
-    if (faults_taken_) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes});
+    if (faults_taken_) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes, tt.write});
     if (state_[c] != fresh) {
       std::uint64_t pages = (tt.bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
       faults += std::min<std::uint64_t>(pages, density_pages_);

@@ -45,9 +45,18 @@ struct Result {
 // attributed to (CUPTI: the kernel running on that device when the driver began servicing
 // the fault, found by timestamps and the external correlation id the shim pushed for that
 // launch; with kernels running concurrently, a fault may be reported once for each).
+// `write`: the faulting access was a write or an atomic (CUPTI: the record's `flags` hold a
+// CUpti_ActivityUnifiedMemoryAccessType, WRITE = 2 or ATOMIC = 3; the simulator: the touch
+// writes the chunk). A read fault does not show that the kernel only reads: the driver
+// promotes a read fault's mapping to read-write where the page cannot be read-duplicated
+// (compute_new_permission's query_promote rule, kernel-open/nvidia-uvm/uvm_va_block.c), so a
+// later write in the same kernel does not fault again; a write to a read-mostly copy (mapped
+// read-only everywhere, CUDA Programming Guide, "Unified Memory": cudaMemAdviseSetReadMostly)
+// always faults, as a write.
 struct FaultRecord {
   std::uint64_t launch_seq = 0;
   std::uint64_t addr = 0;
+  bool write = false;
 };
 
 // One live managed block in the Engine's allocation table.
