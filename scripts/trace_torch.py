@@ -23,13 +23,20 @@ shapes from the recorder itself.
     scripts/trace_torch.py gpt2-xl-infer  OUT.jsonl.gz [--batch 48 --seq 1024 --decode 32]
     scripts/trace_torch.py resnet50-train OUT.jsonl.gz [--batch 512 --iters 3]
     scripts/trace_torch.py llama-train    OUT.jsonl.gz [--size 1b|3b --batch 8 --seq 1024 --iters 3]
+    scripts/trace_torch.py vit-train      OUT.jsonl.gz [--size b16|l16 --batch 128 --iters 3]
+    scripts/trace_torch.py unet-train     OUT.jsonl.gz [--size small|sd --batch 32 --iters 3]
+    scripts/trace_torch.py bert-finetune  OUT.jsonl.gz [--size base|large --batch 32 --seq 128 --iters 3]
+    scripts/trace_torch.py moe-train      OUT.jsonl.gz [--size 8e|16e --batch 8 --seq 1024 --iters 3]
 
 Needs Debian's python3-torch and python3-torchvision (scripts/bootstrap-traces).
 """
 import argparse
 import gzip
+import bisect
+import itertools
 import json
 import math
+import random
 import sys
 
 import torch
@@ -114,6 +121,65 @@ class Recorder(TorchDispatchMode):
 
     def iteration(self, n):
         self.events.append(("iter", n))
+
+    # Partial accesses given by hand: the rows a gather really reads, the KV blocks a paged
+    # attention kernel reads. The aten ops above would record a whole table for index_select.
+    PAGE = 4096        # rows are coalesced at 4 KiB pages ...
+    MAX_RANGES = 4096  # ... into at most this many ranges of one storage in one access list
+
+    def row_ranges(self, t, rows):
+        """Rows `rows` (indices along dim 0, repeats allowed) of t, as ranges of t's storage
+        [(id, offset, bytes), ...], and the bytes moving them takes: each row once, rounded up
+        to the GPU's 32-byte memory sectors.
+
+        Coalesced at PAGE (4 KiB) pages: every page a row touches is taken whole, and rows
+        whose pages are the same or adjacent share one range, so a range also covers bytes
+        between the rows it joins, within a page. Were that more than MAX_RANGES ranges, the
+        granule doubles (8 KiB, 16 KiB, ...) until it is not: up to 2 MiB, the simulator's chunk
+        (docs/simulator.md), the chunks touched stay exact and only the bytes grow."""
+        _, i, size = self.sid(t)
+        item = t.element_size()
+        row = (sum((s - 1) * st for s, st in zip(t.shape[1:], t.stride()[1:]) if s > 0) + 1) * item
+        base, step = t.storage_offset() * item, t.stride(0) * item
+        uniq = sorted(set(rows))
+        g, runs = self.PAGE, []
+        for r in uniq:
+            lo, hi = (base + r * step) // g, (base + r * step + row - 1) // g
+            if runs and lo <= runs[-1][1] + 1:
+                runs[-1][1] = max(runs[-1][1], hi)
+            else:
+                runs.append([lo, hi])
+        while len(runs) > self.MAX_RANGES:
+            g, merged = g * 2, []
+            for lo, hi in runs:
+                lo, hi = lo // 2, hi // 2
+                if merged and lo <= merged[-1][1] + 1:
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            runs = merged
+        return [(i, lo * g, min((hi + 1) * g, size) - lo * g) for lo, hi in runs], len(uniq) * -(-row // 32) * 32
+
+    def partial_kernel(self, name, reads=(), writes=(), flops=0, dtype=torch.float32):
+        """Records one kernel whose accesses are given: each entry of reads and writes is a
+        tensor (its extent, whole or a view's range, as an aten op's argument is recorded) or
+        a pair (tensor, rows): only those rows of it along dim 0 (row_ranges). dur_ns is the
+        roofline on `flops` and the bytes really moved: the tensors' bytes and the rows' own
+        bytes, not the pages around them; a row both read and written counts twice."""
+        lists, moved = [], 0
+        for side in (reads, writes):
+            out = []
+            for x in side:
+                if isinstance(x, torch.Tensor):
+                    out += self.ranges([x])
+                    moved += nbytes_of(x)
+                else:
+                    rs, nb = self.row_ranges(*x)
+                    out += rs
+                    moved += nb
+            lists.append(out)
+        dur = self.roofline.ns(flops, moved, dtype)
+        self.events.append(("kernel", name, int(round(dur)), lists[0], lists[1]))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -430,6 +496,470 @@ def llama_train(rec, args):
     return model, params, master, opt, idx, targets
 
 
+def master_step(params, master, opt):
+    """One mixed-precision optimizer step, as llama_train does it: the bf16 gradients are cast to
+    the fp32 master weights' .grad, AdamW steps the masters, the bf16 weights get the new values.
+    A weight without a gradient (an MoE expert that got no tokens) is left alone: AdamW skips a
+    parameter whose .grad is None, and its bf16 copy is not rewritten."""
+    for p, m in zip(params, master):
+        m.grad = None if p.grad is None else p.grad.float()
+        p.grad = None
+    opt.step()
+    with torch.no_grad():
+        for p, m in zip(params, master):
+            if m.grad is not None:
+                p.copy_(m)
+                m.grad = None
+
+
+def train_loop(rec, args, params, master, opt, step):
+    """`args.iters` iterations of step() (forward and backward), each followed by the optimizer:
+    master_step when there are master weights, else a plain step. Marks weights and optimizer state."""
+    with rec:
+        rec.mark("weight", params + (master or []))
+        for it in range(args.iters):
+            rec.iteration(it)
+            step(it)
+            if master is not None:
+                master_step(params, master, opt)
+            else:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        for st in opt.state.values():
+            rec.mark("optimizer", [v for v in st.values() if isinstance(v, torch.Tensor)])
+
+
+def mixed(model):
+    """The (bf16) parameters of `model` and fp32 master copies of them, for master_step."""
+    params = list(model.parameters())
+    master = [p.detach().float().requires_grad_(False) for p in params]
+    return params, master
+
+
+class EncoderBlock(nn.Module):
+    """A Transformer encoder block: bidirectional multi-head self-attention and a GELU MLP, with
+    LayerNorm before each (pre-LN, as ViT) or after each residual sum (post-LN, as BERT).
+    `mask`, when given, is added to the attention scores (BERT's padding mask); dropout as given."""
+
+    def __init__(self, d, heads, mlp, pre_norm, dropout, device, dtype):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.heads, self.pre_norm, self.dropout = heads, pre_norm, dropout
+        self.ln_1 = nn.LayerNorm(d, eps=1e-6 if pre_norm else 1e-12, **kw)
+        self.qkv = nn.Linear(d, 3 * d, **kw)
+        self.proj = nn.Linear(d, d, **kw)
+        self.ln_2 = nn.LayerNorm(d, eps=1e-6 if pre_norm else 1e-12, **kw)
+        self.fc1 = nn.Linear(d, mlp, **kw)
+        self.fc2 = nn.Linear(mlp, d, **kw)
+
+    def attention(self, x, mask):
+        b, t, c = x.shape
+        h = self.heads
+        q, k, v = self.qkv(x).view(b, t, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // h))
+        if mask is not None:
+            att = att + mask
+        att = F.softmax(att.float(), dim=-1).to(x.dtype)
+        att = F.dropout(att, self.dropout, self.training)
+        y = (att @ v).transpose(1, 2).reshape(b, t, c)
+        return F.dropout(self.proj(y), self.dropout, self.training)
+
+    def mlp(self, x):
+        return F.dropout(self.fc2(F.gelu(self.fc1(x))), self.dropout, self.training)
+
+    def forward(self, x, mask=None):
+        if self.pre_norm:
+            x = x + self.attention(self.ln_1(x), mask)
+            return x + self.mlp(self.ln_2(x))
+        x = self.ln_1(x + self.attention(x, mask))
+        return self.ln_2(x + self.mlp(x))
+
+
+class ViT(nn.Module):
+    """Vision Transformer (Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words"): a strided
+    conv cuts the image into patches, a class token and learned position embeddings join them,
+    pre-LN encoder blocks, a final LayerNorm and a linear head on the class token."""
+
+    def __init__(self, layers, d, heads, mlp, patch, image, classes, device=META, dtype=torch.bfloat16):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.patch = nn.Conv2d(3, d, patch, stride=patch, **kw)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d, **kw))
+        self.pos = nn.Parameter(torch.zeros(1, (image // patch) ** 2 + 1, d, **kw))
+        self.blocks = nn.ModuleList(EncoderBlock(d, heads, mlp, True, 0.0, device, dtype) for _ in range(layers))
+        self.norm = nn.LayerNorm(d, eps=1e-6, **kw)
+        self.head = nn.Linear(d, classes, **kw)
+
+    def forward(self, img):
+        x = self.patch(img).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.size(0), -1, -1), x], dim=1) + self.pos
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.norm(x[:, 0]))
+
+
+# ViT shapes (layers, width, heads, MLP width, patch): ViT-B/16 and ViT-L/16 (Dosovitskiy et al.
+# 2020, Table 1); 224x224 images, 1000 classes (ImageNet-1k).
+VIT_SIZES = {"b16": (12, 768, 12, 3072, 16), "l16": (24, 1024, 16, 4096, 16)}
+
+
+def vit_train(rec, args):
+    """bf16 forward and backward, fp32 master weights and AdamW state (master_step); the softmax
+    and the loss in fp32. No dropout (DeiT's and timm's recipe for ImageNet-1k)."""
+    layers, d, heads, mlp, patch = VIT_SIZES[args.size]
+    model = ViT(layers, d, heads, mlp, patch, 224, 1000)
+    params, master = mixed(model)
+    opt = torch.optim.AdamW(master, lr=1e-3, weight_decay=0.05, foreach=False)
+    img = torch.empty(args.batch, 3, 224, 224, dtype=torch.bfloat16, device=META)
+    labels = torch.empty(args.batch, dtype=torch.long, device=META)
+
+    def step(it):
+        F.cross_entropy(model(img).float(), labels).backward()
+    train_loop(rec, args, params, master, opt, step)
+    args.header_extra = {"seq": (224 // patch) ** 2 + 1, "image": 224}
+    return model, params, master, opt, img, labels
+
+
+class ResBlock(nn.Module):
+    """A diffusion UNet residual block (Ho et al. 2020; the Stable Diffusion UNet's ResnetBlock):
+    GroupNorm(32), SiLU, 3x3 conv, plus a projection of the timestep embedding; GroupNorm, SiLU,
+    3x3 conv; a 1x1 conv on the shortcut when the width changes."""
+
+    def __init__(self, cin, cout, temb, device, dtype):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.norm1 = nn.GroupNorm(32, cin, **kw)
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1, **kw)
+        self.temb = nn.Linear(temb, cout, **kw)
+        self.norm2 = nn.GroupNorm(32, cout, **kw)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, **kw)
+        self.skip = nn.Conv2d(cin, cout, 1, **kw) if cin != cout else None
+
+    def forward(self, x, temb):
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = h + self.temb(F.silu(temb))[:, :, None, None]
+        h = self.conv2(F.silu(self.norm2(h)))
+        return h + (x if self.skip is None else self.skip(x))
+
+
+class AttnBlock(nn.Module):
+    """Self-attention over the pixels of a feature map: GroupNorm, QKV projection, multi-head
+    attention (head width 64), output projection, residual."""
+
+    def __init__(self, c, device, dtype):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.heads = max(1, c // 64)
+        self.norm = nn.GroupNorm(32, c, **kw)
+        self.qkv = nn.Linear(c, 3 * c, **kw)
+        self.proj = nn.Linear(c, c, **kw)
+
+    def forward(self, x):
+        b, c, hh, ww = x.shape
+        t, h = hh * ww, self.heads
+        y = self.norm(x).flatten(2).transpose(1, 2)
+        q, k, v = self.qkv(y).view(b, t, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)
+        att = F.softmax(((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // h))).float(), dim=-1).to(x.dtype)
+        y = self.proj((att @ v).transpose(1, 2).reshape(b, t, c))
+        return x + y.transpose(1, 2).reshape(b, c, hh, ww)
+
+
+class UNet(nn.Module):
+    """A Stable-Diffusion-style noise-prediction UNet (Rombach et al. 2022; Ho et al. 2020): a
+    sinusoidal timestep embedding through a 2-layer SiLU MLP; conv_in; per level `blocks`
+    ResBlocks (self-attention after each at the levels in `attn`) and a strided-conv downsample;
+    a middle ResBlock-attention-ResBlock; the up path mirrors it with `blocks`+1 ResBlocks per
+    level, each taking a skip connection concatenated on the channels, and nearest-neighbour
+    upsampling with a conv; GroupNorm, SiLU, conv_out. Self-attention only (no text
+    cross-attention)."""
+
+    def __init__(self, ch, mults, blocks, attn, cin=4, device=META, dtype=torch.bfloat16):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.ch, temb = ch, 4 * ch
+        self.t1, self.t2 = nn.Linear(ch, temb, **kw), nn.Linear(temb, temb, **kw)
+        self.conv_in = nn.Conv2d(cin, ch, 3, padding=1, **kw)
+        self.down, skips, c = nn.ModuleList(), [ch], ch
+        for lvl, m in enumerate(mults):
+            for _ in range(blocks):
+                self.down.append(nn.ModuleList([ResBlock(c, ch * m, temb, device, dtype)] +
+                                                ([AttnBlock(ch * m, device, dtype)] if lvl in attn else [])))
+                c = ch * m
+                skips.append(c)
+            if lvl != len(mults) - 1:
+                self.down.append(nn.Conv2d(c, c, 3, stride=2, padding=1, **kw))
+                skips.append(c)
+        self.mid = nn.ModuleList([ResBlock(c, c, temb, device, dtype), AttnBlock(c, device, dtype),
+                                  ResBlock(c, c, temb, device, dtype)])
+        self.up = nn.ModuleList()
+        for lvl, m in reversed(list(enumerate(mults))):
+            for _ in range(blocks + 1):
+                self.up.append(nn.ModuleList([ResBlock(c + skips.pop(), ch * m, temb, device, dtype)] +
+                                              ([AttnBlock(ch * m, device, dtype)] if lvl in attn else [])))
+                c = ch * m
+            if lvl != 0:
+                self.up.append(nn.Conv2d(c, c, 3, padding=1, **kw))
+        self.norm_out = nn.GroupNorm(32, c, **kw)
+        self.conv_out = nn.Conv2d(c, cin, 3, padding=1, **kw)
+
+    def embed_time(self, t):
+        half = self.ch // 2
+        freqs = torch.exp(torch.arange(half, device=t.device, dtype=torch.float32) * (-math.log(10000.0) / half))
+        a = t.float()[:, None] * freqs[None]
+        e = torch.cat([a.cos(), a.sin()], dim=-1).to(self.t1.weight.dtype)
+        return self.t2(F.silu(self.t1(e)))
+
+    def forward(self, x, t):
+        temb = self.embed_time(t)
+        h = self.conv_in(x)
+        hs = [h]
+        for mod in self.down:
+            if isinstance(mod, nn.Conv2d):
+                h = mod(h)
+            else:
+                h = mod[0](h, temb)
+                if len(mod) > 1:
+                    h = mod[1](h)
+            hs.append(h)
+        h = self.mid[2](self.mid[1](self.mid[0](h, temb)), temb)
+        for mod in self.up:
+            if isinstance(mod, nn.Conv2d):
+                h = mod(F.interpolate(h, scale_factor=2.0, mode="nearest"))
+            else:
+                h = mod[0](torch.cat([h, hs.pop()], dim=1), temb)
+                if len(mod) > 1:
+                    h = mod[1](h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+# UNet shapes (base width, width multipliers per level, ResBlocks per level, levels with
+# self-attention, latent side). Both take 64x64x4 latents (512x512 images, as Stable Diffusion 1.x)
+# and have one ResBlock per level on the way down (two on the way up), where Stable Diffusion has
+# two (three): fewer layers keep a trace short. "sd" has Stable Diffusion 1.x's widths (320, 640,
+# 1280, 1280) with self-attention at the 32x32, 16x16 and 8x8 levels (SD also has it at 64x64);
+# "small" is 128 wide, 3 levels (128, 256, 512), self-attention at 32x32 and 16x16.
+UNET_SIZES = {"small": (128, (1, 2, 4), 1, (1, 2), 64), "sd": (320, (1, 2, 4, 4), 1, (1, 2, 3), 64)}
+
+
+def unet_train(rec, args):
+    """One denoising training step per iteration (Ho et al. 2020): a random timestep per sample
+    and Gaussian noise drawn on the GPU, mixed into the latents by the schedule's sqrt(alpha_bar);
+    the UNet predicts the noise, MSE loss in fp32. The latents are given (precomputed by the
+    autoencoder, which is not traced). bf16 forward and backward, fp32 master weights and AdamW
+    state (master_step)."""
+    ch, mults, blocks, attn, side = UNET_SIZES[args.size]
+    model = UNet(ch, mults, blocks, attn)
+    params, master = mixed(model)
+    opt = torch.optim.AdamW(master, lr=1e-4, weight_decay=0.01, foreach=False)
+    alpha_bar = torch.empty(1000, device=META)  # the noise schedule's cumulative products
+    latents = torch.empty(args.batch, 4, side, side, device=META)
+
+    def step(it):
+        t = torch.randint(0, 1000, (args.batch,), device=META)
+        noise = torch.randn_like(latents)
+        a = alpha_bar[t][:, None, None, None]
+        noisy = (a.sqrt() * latents + (1 - a).sqrt() * noise).to(torch.bfloat16)
+        F.mse_loss(model(noisy, t).float(), noise).backward()
+    train_loop(rec, args, params, master, opt, step)
+    args.header_extra = {"seq": None, "latent": [4, side, side]}
+    return model, params, master, opt, alpha_bar, latents
+
+
+class Bert(nn.Module):
+    """BERT (Devlin et al. 2019) for sequence classification: word, position and token-type
+    embeddings summed, LayerNorm, dropout; post-LN encoder blocks with a padding mask added to
+    the attention scores; the pooler (dense + tanh on the [CLS] token) and a linear classifier,
+    as Hugging Face's BertForSequenceClassification. Dropout 0.1 everywhere, as published."""
+
+    def __init__(self, layers, d, heads, mlp, vocab, ctx=512, labels=2, device=META, dtype=torch.float32):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.word = nn.Embedding(vocab, d, **kw)
+        self.position = nn.Embedding(ctx, d, **kw)
+        self.token_type = nn.Embedding(2, d, **kw)
+        self.ln = nn.LayerNorm(d, eps=1e-12, **kw)
+        self.blocks = nn.ModuleList(EncoderBlock(d, heads, mlp, False, 0.1, device, dtype) for _ in range(layers))
+        self.pooler = nn.Linear(d, d, **kw)
+        self.classifier = nn.Linear(d, labels, **kw)
+        self.register_buffer("position_ids", torch.empty(1, ctx, dtype=torch.long, device=device), persistent=False)
+
+    def forward(self, ids, token_types, attention_mask):
+        t = ids.size(1)
+        x = self.word(ids) + self.token_type(token_types) + self.position(self.position_ids[:, :t])
+        x = F.dropout(self.ln(x), 0.1, self.training)
+        mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        for blk in self.blocks:
+            x = blk(x, mask)
+        pooled = torch.tanh(self.pooler(x[:, 0]))
+        return self.classifier(F.dropout(pooled, 0.1, self.training))
+
+
+# BERT shapes (layers, width, heads, MLP width, vocabulary): BERT-base and BERT-large
+# (Devlin et al. 2019; the released uncased configs), 512 positions.
+BERT_SIZES = {"base": (12, 768, 12, 3072, 30522), "large": (24, 1024, 16, 4096, 30522)}
+
+
+def bert_finetune(rec, args):
+    """Fine-tuning for a 2-way sentence(-pair) classification, GLUE-style: fp32 weights,
+    gradients and AdamW state (lr 2e-5, weight decay 0.01), cross-entropy on the classifier's
+    logits; `--seq` tokens a sequence (the paper's GLUE runs: 128; up to 512)."""
+    layers, d, heads, mlp, vocab = BERT_SIZES[args.size]
+    if args.seq > 512:
+        raise SystemExit(f"trace_torch.py: --seq {args.seq}: BERT has 512 positions")
+    model = Bert(layers, d, heads, mlp, vocab)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=2e-5, weight_decay=0.01, foreach=False)
+    ids = torch.empty(args.batch, args.seq, dtype=torch.long, device=META)
+    token_types = torch.empty(args.batch, args.seq, dtype=torch.long, device=META)
+    attention_mask = torch.empty(args.batch, args.seq, dtype=torch.long, device=META)
+    labels = torch.empty(args.batch, dtype=torch.long, device=META)
+
+    def step(it):
+        F.cross_entropy(model(ids, token_types, attention_mask), labels).backward()
+    train_loop(rec, args, params, None, opt, step)
+    return model, params, opt, ids, token_types, attention_mask, labels
+
+
+class Expert(nn.Module):
+    """One SwiGLU expert: w_down(silu(w_gate(x)) * w_up(x)), no biases."""
+
+    def __init__(self, d, ffn, device, dtype):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype, bias=False)
+        self.w_gate, self.w_up, self.w_down = nn.Linear(d, ffn, **kw), nn.Linear(d, ffn, **kw), nn.Linear(ffn, d, **kw)
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class MoEBlock(LlamaBlock):
+    """A Mixtral-style decoder block (Jiang et al. 2024, "Mixtral of Experts"): a LlamaBlock's
+    attention, and for the MLP `experts` SwiGLU experts and a linear router; each token goes to
+    its top-2 experts, their outputs weighted by the router's softmax renormalized over the two.
+
+    After routing, the block does what dropless MoE code does: sorts the (token, choice) pairs by
+    expert, gathers each expert's token rows into a buffer (index_select), runs the expert on it,
+    and adds the weighted outputs back (index_add_). How many tokens each expert gets cannot come
+    from the data on the meta device: `counts` (one per expert, summing to 2 x tokens) says; an
+    expert with none is not run, so it gets no gradient and the optimizer leaves it alone."""
+
+    def __init__(self, d, heads, kv_heads, ffn, experts, device, dtype):
+        super().__init__(d, heads, kv_heads, ffn, device, dtype)
+        del self.w_gate, self.w_up, self.w_down  # the dense MLP: replaced by the experts
+        self.router = nn.Linear(d, experts, bias=False, device=device, dtype=dtype)
+        self.experts = nn.ModuleList(Expert(d, ffn, device, dtype) for _ in range(experts))
+
+    def moe(self, h, counts):
+        x = h.reshape(-1, h.size(-1))
+        probs = F.softmax(self.router(x).float(), dim=-1)
+        weights, chosen = torch.topk(probs, 2, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype).view(-1)
+        order = torch.argsort(chosen.view(-1))  # the (token, choice) pairs, sorted by expert
+        rows = order // 2                       # and their token rows
+        y = torch.zeros_like(x)
+        start = 0
+        for expert, n in zip(self.experts, counts):
+            if n == 0:
+                continue
+            sel = rows[start:start + n]
+            out = expert(x.index_select(0, sel)) * weights.index_select(0, order[start:start + n]).unsqueeze(1)
+            y.index_add_(0, sel, out)
+            start += n
+        return y.view_as(h)
+
+    def forward(self, x, cos, sin, mask, counts):
+        b, t, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.wq(h).view(b, t, self.heads, self.hd).transpose(1, 2)
+        k = self.wk(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        v = self.wv(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        rep = self.heads // self.kv_heads
+        k = k[:, :, None].expand(b, self.kv_heads, rep, t, self.hd).reshape(b, self.heads, t, self.hd)
+        v = v[:, :, None].expand(b, self.kv_heads, rep, t, self.hd).reshape(b, self.heads, t, self.hd)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
+        att = F.softmax(att.masked_fill(mask[:, :, :t, :t] == 0, float("-inf")).float(), dim=-1).to(q.dtype)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, -1)
+        x = x + self.wo(y)
+        return x + self.moe(self.mlp_norm(x), counts)
+
+
+class MoE(Llama):
+    """A Mixtral-style MoE decoder LM: a Llama with MoEBlocks."""
+
+    def __init__(self, layers, d, heads, kv_heads, ffn, experts, vocab, ctx, device=META, dtype=torch.bfloat16):
+        super().__init__(0, d, heads, kv_heads, ffn, vocab, ctx, device, dtype)
+        self.blocks = nn.ModuleList(MoEBlock(d, heads, kv_heads, ffn, experts, device, dtype) for _ in range(layers))
+
+    def forward(self, idx, counts):
+        t = idx.size(1)
+        x = self.embed(idx)
+        cos, sin = self.cos[:t], self.sin[:t]
+        for blk, c in zip(self.blocks, counts):
+            x = blk(x, cos, sin, self.mask, c)
+        return self.head(self.norm(x))
+
+
+def expert_loads(rng, experts, layers, steps, tokens):
+    """Tokens per expert, per step and per layer, for top-2 routing with load imbalance.
+
+    Routers in practice spread tokens unevenly, the more so without (or early under) a
+    balancing loss: a few experts get most tokens, some get none (Shazeer et al. 2017, Fedus et
+    al. 2021). Modeled as: each layer has a lasting popularity b ~ Dirichlet(1, ..., 1) over its
+    experts; each step draws p ~ Dirichlet(E b) around it (the step-to-step drift is as wide as
+    the spread between layers); each token then picks 2 different experts with probability p."""
+    def dirichlet(alphas):
+        g = [rng.gammavariate(a, 1.0) for a in alphas]
+        return [x / sum(g) for x in g]
+    popularity = [dirichlet([1.0] * experts) for _ in range(layers)]
+    loads = []
+    for _ in range(steps):
+        step = []
+        for b in popularity:
+            cum = list(itertools.accumulate(dirichlet([experts * x for x in b])))
+            pick = lambda: min(bisect.bisect_left(cum, rng.random() * cum[-1]), experts - 1)
+            n = [0] * experts
+            for _ in range(tokens):
+                first, second = pick(), pick()
+                while second == first:
+                    second = pick()
+                n[first] += 1
+                n[second] += 1
+            step.append(n)
+        loads.append(step)
+    return loads
+
+
+# MoE shapes (layers, width, heads, key/value heads, expert MLP width, experts, vocabulary):
+# Mixtral 8x7B's proportions (MLP 3.5 x width, 8 key/value heads, vocabulary 32000, top-2) at
+# modest widths, with few layers to keep a trace short: 8 experts x 5 layers at width 1024,
+# 16 experts x 3 layers at width 1536.
+MOE_SIZES = {"8e": (5, 1024, 16, 8, 3584, 8, 32000), "16e": (3, 1536, 24, 8, 5376, 16, 32000)}
+MOE_SEED = 20240108  # the expert loads' random.Random seed, fixed: the same trace every time
+
+
+def moe_train(rec, args):
+    """bf16 forward and backward, fp32 master weights and AdamW state (master_step); an expert
+    that got no tokens in a step has no gradient that step and AdamW skips it (its weights and
+    state are not touched). Expert loads from expert_loads(random.Random(MOE_SEED)), in the
+    trace header as expert_tokens[step][layer][expert]. No router balancing loss."""
+    layers, d, heads, kv, ffn, experts, vocab = MOE_SIZES[args.size]
+    model = MoE(layers, d, heads, kv, ffn, experts, vocab, args.seq)
+    with rec:  # recorded: making the masters reads every weight, so experts idle in every step are in the trace too
+        params, master = mixed(model)
+    opt = torch.optim.AdamW(master, lr=1e-4, foreach=False)
+    loads = expert_loads(random.Random(MOE_SEED), experts, layers, args.iters, args.batch * args.seq)
+    idx = torch.empty(args.batch, args.seq, dtype=torch.long, device=META)
+    targets = torch.empty(args.batch * args.seq, dtype=torch.long, device=META)
+
+    def step(it):
+        logits = model(idx, loads[it])
+        F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets).backward()
+    train_loop(rec, args, params, master, opt, step)
+    args.header_extra = {"seed": MOE_SEED, "experts": experts, "top_k": 2, "expert_tokens": loads}
+    return model, params, master, opt, idx, targets
+
+
 # name -> (function, what it records, sizes {size: shape tuple} or None, default size, default batch).
 # A model with sizes reads its shape from its sizes table by args.size (`--size`, checked in main).
 MODELS = {
@@ -440,6 +970,15 @@ MODELS = {
     "resnet50-train": (resnet_train, "torchvision ResNet-50, fp32 training with SGD+momentum, 224x224 images", None, None, 512),
     "llama-train": (llama_train, "Llama-style decoder LM (RMSNorm, RoPE, SwiGLU, grouped-query attention), "
                                  "bf16 training with fp32 master weights and AdamW", LLAMA_SIZES, "1b", 8),
+    "vit-train": (vit_train, "Vision Transformer (ViT-B/16, ViT-L/16 shapes), 224x224 image classification, "
+                             "bf16 training with fp32 master weights and AdamW", VIT_SIZES, "b16", 128),
+    "unet-train": (unet_train, "Stable-Diffusion-style UNet (ResBlocks with GroupNorm, SiLU and timestep embedding, "
+                               "self-attention at low resolutions, skip connections), one noise-prediction step per iteration, "
+                               "bf16 training with fp32 master weights and AdamW", UNET_SIZES, "small", 32),
+    "bert-finetune": (bert_finetune, "BERT (base, large shapes) fine-tuning for sequence classification with a head on [CLS], "
+                                     "fp32 training with AdamW", BERT_SIZES, "base", 32),
+    "moe-train": (moe_train, "Mixtral-style MoE decoder LM (top-2 routing over SwiGLU experts, skewed expert loads drawn "
+                             "per step and layer), bf16 training with fp32 master weights and AdamW", MOE_SIZES, "8e", 8),
 }
 
 
@@ -448,9 +987,10 @@ def main(argv):
     p.add_argument("model", choices=sorted(MODELS))
     p.add_argument("out")
     p.add_argument("--batch", type=int)
-    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--seq", type=int, help="tokens a sequence [1024; bert-finetune: 128]")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--decode", type=int, default=32)
+    p.add_argument("--steps", type=int, help="engine steps (llm-serve-paged) or minibatches (gnn-train, dlrm-train) [per size]")
     p.add_argument("--size", help="the model's size, for models that have sizes: " +
                    "; ".join(f"{m}: {', '.join(v[2])} [{v[3]}]" for m, v in sorted(MODELS.items()) if v[2]))
     p.add_argument("--tflops-fp32", type=float, default=494.7, help="dense TF32 tensor-core TFLOP/s [H200: 494.7]")
@@ -467,17 +1007,21 @@ def main(argv):
             p.error(f"--size: invalid value '{a.size}' for {a.model} (accepted: {', '.join(sizes)})")
     if a.batch is None:
         a.batch = default_batch
+    if a.seq is None:
+        a.seq = 128 if a.model == "bert-finetune" else 1024
     roof = Roofline(a.tflops_fp32 * 1e12, a.tflops_half * 1e12, a.bandwidth_tbs * 1e12, a.floor_us * 1e3)
     rec = Recorder(roof)
     keep = fn(rec, a)
     header = {
         "format": "spillway-trace", "version": 1,
         "source": f"scripts/trace_torch.py {a.model}: {what}; torch {torch.__version__} on the meta device",
-        "model": a.model if sizes is None else f"{a.model}-{a.size}", "batch": a.batch, "seq": a.seq, "iterations": a.iters if "train" in a.model else None,
+        "model": a.model if sizes is None else f"{a.model}-{a.size}", "batch": a.batch, "seq": a.seq,
+        "iterations": a.iters if "train" in a.model or "finetune" in a.model else None,
         "decode_steps": a.decode if "infer" in a.model else None,
         "roofline": {"tflops_fp32": a.tflops_fp32, "tflops_half": a.tflops_half, "bandwidth_tb_s": a.bandwidth_tbs,
                      "floor_us": a.floor_us, "figures": "NVIDIA H200 SXM datasheet (dense)"},
     }
+    header.update(getattr(a, "header_extra", {}))  # a model's own figures: image size, expert loads, ...
     kernels = rec.write(a.out, header)
     del keep
     print(f"{a.out}: {kernels} kernels, {rec.next_id} storages", file=sys.stderr)
