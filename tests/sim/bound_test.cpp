@@ -304,5 +304,25 @@ TEST(CutBound, RegressionRemoteAccessNeverOutrunsTheLink) {
   expect_every_policy_at_or_above(t, p, lower_bound(t, p), "remote efficiency 10");
 }
 
+// MIN minimises the count of misses, not their bytes: on a GPU of one chunk, keeping the
+// whole-chunk reader X resident misses the 4 KiB reader Y twice a period (8 KiB), keeping Y
+// misses X once (2 MiB), and MIN keeps Y. Charging MIN's misses their own bytes put the
+// bound above `advise`, which reads Y remotely (gnn-train, a gather of rows, at 0.78x).
+TEST(CutBound, RegressionMinCountsMissesNotBytes) {
+  Builder b;
+  b.alloc(1, 2 << 20).alloc(2, 2 << 20);
+  b.kernel("init", 10000, {}, {1, 2});
+  for (int period = 0; period < 8; ++period) {
+    b.kernel("x", 10000, {1});
+    b.kernel_ranges("y", 10000, {trace::Range{2, 0, 4096, false}});
+    b.kernel_ranges("y", 10000, {trace::Range{2, 0, 4096, false}});
+  }
+  CompiledTrace t = b.compile();
+  const MinFetch m = min_fetch(t, 1);
+  EXPECT_LE(m.bytes, 2u * 8u * 4096u) << "keeping X costs 8 KiB a period";
+  SimParams p = slow_link(1);
+  expect_every_policy_at_or_above(t, p, lower_bound(t, p), "bytes of MIN's misses");
+}
+
 }  // namespace
 }  // namespace spillway::sim

@@ -436,6 +436,9 @@ MinFetch belady(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vec
     }
     return {0, 0};
   };
+  // What each request that could miss would cost (a non-first read: the cheaper of a fetch
+  // and a remote read of its bytes); MIN's bytes are the sum of the `chunks` cheapest.
+  std::vector<std::uint32_t> costs;
   std::size_t op_no = 0, kernel_no = 0, block_no = 0;
   for (const Op& op : ct.ops) {
     if ((++op_no & 0xffff) == 0) ct.release_behind(op_no - 1, kernel_no, block_no);
@@ -459,6 +462,9 @@ MinFetch belady(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vec
       // The requests are the kernels' reads: a touch that only writes needs no data (it can
       // be written remotely, over D2H), and a host touch is no GPU request.
       const std::uint32_t next = resident_model ? tt.next : tt.next_read;
+      if (!resident_model && !tt.first_touch && tt.read_bytes > 0) {
+        costs.push_back(static_cast<std::uint32_t>(std::min<std::uint64_t>(kChunkBytes, tt.read_bytes)));
+      }
       if (in[c]) {
         if (hits != nullptr) (*hits)[j] = true;
         key[c] = next;
@@ -466,10 +472,7 @@ MinFetch belady(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vec
         continue;
       }
       if (tt.read_bytes == 0 && !tt.first_touch && !resident_model) continue;
-      if (!tt.first_touch) {
-        ++result.chunks;
-        result.bytes += std::min<std::uint64_t>(kChunkBytes, resident_model ? kChunkBytes : tt.read_bytes);
-      }
+      if (!tt.first_touch) ++result.chunks;
       if (capacity_chunks == 0) continue;
       if (next == kNever && !resident_model) continue;  // bypass
       if (resident >= capacity_chunks) {
@@ -490,6 +493,17 @@ MinFetch belady(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vec
       for (std::uint32_t c = 0; c < ct.arena_chunks; ++c) if (in[c]) heap.emplace_back(key[c], c);
       std::make_heap(heap.begin(), heap.end());
     }
+  }
+  // MIN minimises the number of misses, not their bytes: where reads differ in size, another
+  // policy may miss as often on cheaper reads. Every policy misses at least `chunks` of these
+  // requests, so their `chunks` cheapest bound its bytes from below.
+  if (resident_model) {
+    result.bytes = result.chunks * kChunkBytes;
+  } else if (result.chunks < costs.size()) {
+    std::nth_element(costs.begin(), costs.begin() + static_cast<std::ptrdiff_t>(result.chunks), costs.end());
+    for (std::uint64_t i = 0; i < result.chunks; ++i) result.bytes += costs[i];
+  } else {
+    for (std::uint32_t b : costs) result.bytes += b;
   }
   return result;
 }

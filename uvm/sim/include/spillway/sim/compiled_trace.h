@@ -129,8 +129,10 @@ CompiledTrace compile_file(const std::string& path, AllocatorView view = Allocat
 // writes needs no data: it may be written remotely; a next use is the next kernel touch that
 // reads). The first touch of a chunk after its block's alloc is free; a freed block's chunks
 // leave at no cost; a missing chunk whose next use is later than every resident chunk's (or
-// never) is read remotely and not kept. `chunks` counts the misses; `bytes` charges each the
-// cheaper of a 2 MiB fetch and a remote read of the bytes that access reads (the same as
+// never) is read remotely and not kept. `chunks` counts the misses; `bytes` is the least any
+// policy can move for them: MIN minimises the count of misses, not their bytes, so `bytes`
+// is the sum of the `chunks` cheapest requests that could miss (non-first reads), each
+// charged the cheaper of a 2 MiB fetch and a remote read of the bytes it reads (the same as
 // chunks x 2 MiB when kernels read whole chunks). O(touches log capacity).
 struct MinFetch {
   std::uint64_t chunks = 0;
