@@ -27,12 +27,16 @@ shapes from the recorder itself.
     scripts/trace_torch.py unet-train     OUT.jsonl.gz [--size small|sd --batch 32 --iters 3]
     scripts/trace_torch.py bert-finetune  OUT.jsonl.gz [--size base|large --batch 32 --seq 128 --iters 3]
     scripts/trace_torch.py moe-train      OUT.jsonl.gz [--size 8e|16e --batch 8 --seq 1024 --iters 3]
+    scripts/trace_torch.py llm-serve-paged OUT.jsonl.gz [--size 1b|3b --batch 64 --steps 46|26]
+    scripts/trace_torch.py gnn-train      OUT.jsonl.gz [--size products|papers100m --batch 1024 --steps 60|12]
+    scripts/trace_torch.py dlrm-train     OUT.jsonl.gz [--size kaggle|terabyte --batch 2048 --steps 32|16]
 
 Needs Debian's python3-torch and python3-torchvision (scripts/bootstrap-traces).
 """
 import argparse
 import gzip
 import bisect
+import collections
 import itertools
 import json
 import math
@@ -960,6 +964,419 @@ def moe_train(rec, args):
     return model, params, master, opt, idx, targets
 
 
+# ---- data-dependent partial accesses: a paged KV cache, GNN feature gathers, DLRM embeddings ----
+
+def power_law_rows(rng, n, s, count, salt=0):
+    """`count` ids out of range(n), with repeats: the id of rank r (1..n) comes with probability
+    about r^-s / sum(k^-s) (a Zipf-like law, drawn by inverting the continuous power law's
+    CDF), and ranks map to ids by the bijection r -> ((r - 1) * 2654435761 + salt) mod n (a
+    prime above every n here), so the hot rows lie scattered over a table, as hashed ids do."""
+    if s == 1.0:
+        draw = lambda: n ** rng.random()
+    else:
+        e, top = 1.0 / (1.0 - s), n ** (1.0 - s) - 1.0
+        draw = lambda: (top * rng.random() + 1.0) ** e
+    return [((min(int(draw()), n) - 1) * 2654435761 + salt) % n for _ in range(count)]
+
+
+def poisson(rng, mean):
+    """A Poisson-distributed count (arrivals in one unit of time at rate `mean`)."""
+    k, t = 0, rng.expovariate(mean)
+    while t < 1.0:
+        k, t = k + 1, t + rng.expovariate(mean)
+    return k
+
+
+KV_BLOCK = 16  # tokens a KV-cache block: vLLM's default block_size
+
+# Paged-KV serving: (Llama shape in LLAMA_SIZES, KV pool blocks, most tokens a step (vLLM's
+# max_num_batched_tokens), requests arriving a step (Poisson mean), prompt tokens and output
+# tokens (uniform ranges), engine steps run before recording, engine steps recorded). The most
+# sequences running at once (vLLM's max_num_seqs) is --batch. The pools hold 32Ki tokens
+# (1 GiB for 1b, 3.5 GiB for 3b), fewer than 64 sequences of the mean length need, so the
+# pool bounds admission. Outputs are short so that sequences finish within the trace.
+SERVE_SIZES = {"1b": ("1b", 2048, 4096, 2.0, (16, 1024), (8, 64), 64, 46),
+               "3b": ("3b", 2048, 4096, 2.0, (16, 1024), (8, 64), 64, 26)}
+SERVE_SEED = 20240611  # the request stream's random.Random seed, fixed: the same trace every time
+
+
+class Request:
+    def __init__(self, rid, prompt, out):
+        self.rid, self.prompt, self.out = rid, prompt, out
+        self.table, self.ctx, self.gen = [], 0, 0   # KV blocks, tokens cached, tokens generated
+
+
+def llm_serve_paged(rec, args):
+    """LLM serving with continuous batching over a paged KV cache, as vLLM does it (Kwon et al.
+    2023, "Efficient Memory Management for Large Language Model Serving with PagedAttention";
+    vLLM's V1 engine). One pool tensor [layers, K/V, blocks, 16 tokens, kv heads, head width]
+    (bf16) holds every KV block; each sequence has a block table. Requests arrive (Poisson,
+    uniform prompt and output lengths, from random.Random(SERVE_SEED)) and wait; every engine
+    step runs one decode token for each running sequence and admits waiting ones (first come
+    first served) while there is room (max_num_seqs, the token budget, free blocks for the
+    prompt, keeping vLLM's 1% of the blocks free), whose prompts are prefilled in the same
+    step: one forward pass over all the step's tokens. Blocks come from a free list: taken
+    from the front, and a finished sequence's blocks go back to the end (in reverse, as vLLM
+    V1's free block queue does), so later sequences reuse them. A sequence whose next token
+    starts a block takes one; with none free, the latest-admitted sequence is preempted
+    (recompute: its blocks freed, it waits again).
+    The first `warmup` steps run the scheduler only, unrecorded, so the trace starts at a busy
+    server in its steady state; the blocks those steps filled are read in the trace (in the
+    simulator, untouched until then, they are created on the GPU at their first touch).
+
+    The forward pass is recorded kernel by kernel as vLLM's fused kernels run it (not as aten
+    ops): embedding gather (the step's token rows of the table), per layer rms_norm /
+    fused_add_rms_norm, qkv_proj, rotary_embedding (the positions' rows of cos/sin),
+    reshape_and_cache (writes each new token's slot: [pool, offset, bytes] per K and V),
+    paged_attention (reads exactly the blocks in the block tables of the step's sequences),
+    o_proj, fused_add_rms_norm, gate_up_proj, silu_and_mul, down_proj; then the final norm,
+    the last token's rows, lm_head (fp32 logits), sampling. Inputs (token ids, positions, slot
+    mapping, block tables, lengths) are copied into persistent buffers each step, as vLLM V1's
+    model runner does. Weights are a Llama (LLAMA_SIZES) in bf16; token ids are drawn
+    Zipf-like over the vocabulary. Not modelled: chunked prefill (a prompt is admitted whole or
+    waits), prefix caching, CUDA graphs, speculative decoding."""
+    shape, pool_blocks, budget, rate, prompt_range, out_range, warmup, steps = SERVE_SIZES[args.size]
+    layers, d, heads, kv, ffn, vocab = LLAMA_SIZES[shape]
+    steps, max_seqs, hd = args.steps or steps, args.batch, d // heads
+    args.seq = None  # lengths vary: prompt_tokens and output_tokens in the header
+    max_ctx = prompt_range[1] + out_range[1]
+    model = Llama(layers, d, heads, kv, ffn, vocab, max_ctx)  # its weights; its forward is not used
+    E = lambda *s, dtype=torch.bfloat16: torch.empty(*s, device=META, dtype=dtype)
+    bf = torch.bfloat16
+    pool = E(layers, 2, pool_blocks, KV_BLOCK, kv, hd)
+    # vLLM V1's persistent input buffers (GPUModelRunner): filled each step from the host
+    ids_buf, pos_buf, slot_buf = (E(budget, dtype=torch.long) for _ in range(3))
+    table_buf = E(max_seqs, -(-max_ctx // KV_BLOCK), dtype=torch.int32)
+    lens_buf, qstart_buf = E(max_seqs, dtype=torch.int32), E(max_seqs + 1, dtype=torch.int32)
+    rng = random.Random(SERVE_SEED)
+    free = collections.deque(range(pool_blocks))
+    waiting, running = collections.deque(), []
+    stats = {"arrived": 0, "admitted": 0, "finished": 0, "preempted": 0}
+    per_step = []  # (running sequences, prefills, tokens, blocks read) each step
+
+    def release(seq):
+        free.extend(reversed(seq.table))
+        seq.table = []
+
+    def preempt(seq):  # recompute: it waits again, its tokens so far now its prompt
+        running.remove(seq)
+        release(seq)
+        seq.prompt, seq.out, seq.gen, seq.ctx = seq.prompt + seq.gen, seq.out - seq.gen, 0, 0
+        waiting.appendleft(seq)
+        stats["preempted"] += 1
+
+    with torch.no_grad(), rec:
+        rec.mark("weight", list(model.parameters()) + [model.cos, model.sin])
+        rec.mark("kv-cache", [pool])
+        for step in range(warmup + steps):
+            if step == warmup:
+                before = dict(stats)
+            if step >= warmup:
+                rec.iteration(step - warmup)
+            for _ in range(poisson(rng, rate)):
+                waiting.append(Request(stats["arrived"], rng.randint(*prompt_range), rng.randint(*out_range)))
+                stats["arrived"] += 1
+            sched, tokens = [], 0
+            for seq in list(running):  # decode: one token each, oldest first
+                if seq not in running:
+                    continue
+                if seq.ctx % KV_BLOCK == 0:  # the new token starts a block
+                    while not free and seq in running:
+                        preempt(running[-1])
+                    if not free:
+                        continue
+                    seq.table.append(free.popleft())
+                sched.append((seq, 1))
+                tokens += 1
+            prefills = 0
+            while waiting and len(running) < max_seqs:  # admit: the whole prompt in this step
+                seq = waiting[0]
+                need = -(-seq.prompt // KV_BLOCK)
+                if tokens + seq.prompt > budget or len(free) - need < pool_blocks // 100:  # vLLM's 1% watermark
+                    break
+                waiting.popleft()
+                seq.table = [free.popleft() for _ in range(need)]
+                running.append(seq)
+                sched.append((seq, seq.prompt))
+                tokens += seq.prompt
+                prefills += 1
+                stats["admitted"] += 1
+            T, S = tokens, len(sched)
+            slots, positions, blocks, last_rows, att_flops = [], [], [], [], 0
+            for seq, q in sched:
+                positions += range(seq.ctx, seq.ctx + q)
+                slots += [seq.table[p // KV_BLOCK] * KV_BLOCK + p % KV_BLOCK for p in range(seq.ctx, seq.ctx + q)]
+                seq.ctx += q
+                blocks += seq.table
+                last_rows.append(len(positions) - 1)
+                att_flops += 4 * heads * hd * (q * (q + 1) // 2 if q > 1 else seq.ctx)
+            if step < warmup:
+                pass
+            elif not sched:
+                per_step.append((0, 0, 0, 0))
+            else:
+                per_step.append((len(running), prefills, T, len(blocks)))
+                token_ids = power_law_rows(rng, vocab, 1.0, T, salt=1)
+                ids, pos, slot = ids_buf[:T], pos_buf[:T], slot_buf[:T]
+                table, lens, qstart = table_buf[:S], lens_buf[:S], qstart_buf[:S + 1]
+                rec.partial_kernel("copy_inputs_h2d", writes=[ids, pos, slot, table, lens, qstart])
+                x = E(T, d)
+                rec.partial_kernel("embedding", [ids, (model.embed.weight, token_ids)], [x], dtype=bf)
+                res = None
+                for l, blk in enumerate(model.blocks):
+                    kblocks, vblocks = pool[l, 0].view(pool_blocks, -1), pool[l, 1].view(pool_blocks, -1)
+                    kslots, vslots = pool[l, 0].view(pool_blocks * KV_BLOCK, -1), pool[l, 1].view(pool_blocks * KV_BLOCK, -1)
+                    if res is None:
+                        res, x = x, E(T, d)
+                        rec.partial_kernel("rms_norm", [res, blk.attn_norm.weight], [x], dtype=bf)
+                    else:
+                        rec.partial_kernel("fused_add_rms_norm", [x, res, blk.attn_norm.weight], [x, res], dtype=bf)
+                    qkv = E(T, (heads + 2 * kv) * hd)
+                    rec.partial_kernel("qkv_proj", [x, blk.wq.weight, blk.wk.weight, blk.wv.weight], [qkv],
+                                       flops=2 * T * d * (heads + 2 * kv) * hd, dtype=bf)
+                    rec.partial_kernel("rotary_embedding", [pos, (model.cos, positions), (model.sin, positions), qkv], [qkv],
+                                       dtype=bf)
+                    rec.partial_kernel("reshape_and_cache", [qkv, slot], [(kslots, slots), (vslots, slots)], dtype=bf)
+                    att = E(T, heads * hd)
+                    rec.partial_kernel("paged_attention", [qkv, table, lens, qstart, (kblocks, blocks), (vblocks, blocks)],
+                                       [att], flops=att_flops, dtype=bf)
+                    x = E(T, d)
+                    rec.partial_kernel("o_proj", [att, blk.wo.weight], [x], flops=2 * T * heads * hd * d, dtype=bf)
+                    rec.partial_kernel("fused_add_rms_norm", [x, res, blk.mlp_norm.weight], [x, res], dtype=bf)
+                    gu = E(T, 2 * ffn)
+                    rec.partial_kernel("gate_up_proj", [x, blk.w_gate.weight, blk.w_up.weight], [gu],
+                                       flops=4 * T * d * ffn, dtype=bf)
+                    act = E(T, ffn)
+                    rec.partial_kernel("silu_and_mul", [gu], [act], dtype=bf)
+                    x = E(T, d)
+                    rec.partial_kernel("down_proj", [act, blk.w_down.weight], [x], flops=2 * T * ffn * d, dtype=bf)
+                    del qkv, att, gu, act
+                rec.partial_kernel("fused_add_rms_norm", [x, res, model.norm.weight], [x, res], dtype=bf)
+                last = E(S, d)
+                rec.partial_kernel("index_select", [(x, last_rows)], [last], dtype=bf)
+                logits = E(S, vocab, dtype=torch.float32)
+                rec.partial_kernel("lm_head", [last, model.head.weight], [logits], flops=2 * S * d * vocab, dtype=bf)
+                rec.partial_kernel("sample", [logits], [E(S, dtype=torch.long)])
+                del x, res, last, logits
+            for seq, _ in sched:
+                seq.gen += 1
+            for seq in [s for s in running if s.gen >= s.out]:
+                running.remove(seq)
+                release(seq)
+                stats["finished"] += 1
+    args.header_extra = {
+        "seed": SERVE_SEED, "kv_block_tokens": KV_BLOCK, "kv_pool_blocks": pool_blocks, "kv_pool_bytes": nbytes_of(pool),
+        "max_num_seqs": max_seqs, "max_num_batched_tokens": budget, "arrivals_per_step": rate,
+        "prompt_tokens": prompt_range, "output_tokens": out_range,
+        "warmup_steps": warmup, "engine_steps": steps,
+        "requests_in_trace": {k: v - before[k] for k, v in stats.items()}, "waiting_at_end": len(waiting),
+        "per_step": {"running": [s[0] for s in per_step], "prefills": [s[1] for s in per_step],
+                     "tokens": [s[2] for s in per_step], "kv_blocks_read": [s[3] for s in per_step]},
+        "partial_access": {"page_bytes": rec.PAGE, "max_ranges": rec.MAX_RANGES},
+    }
+    return model, pool, ids_buf, pos_buf, slot_buf, table_buf, lens_buf, qstart_buf
+
+
+# GraphSAGE on Open Graph Benchmark graphs (Hu et al. 2020), their published sizes: (nodes,
+# feature width, classes, CSR entries = each undirected edge both ways, hidden width, fanouts
+# from the seeds outward, minibatches). ogbn-products: 2,449,029 nodes, 61,859,140 edges, 100
+# features, 47 classes; ogbn-papers100M: 111,059,956 nodes, 1,615,685,872 edges, 128 features,
+# 172 classes. Feature tables 0.98 GB and 56.9 GB (fp32), CSR indices 0.99 GB and 25.9 GB (int64).
+# papers100M: 12 minibatches, as each touches nearly every 2 MiB chunk of 83 GB (a sweep of 50
+# took 19 minutes on 2 cores).
+GNN_SIZES = {"products": (2449029, 100, 47, 2 * 61859140, 256, (15, 10), 60),
+             "papers100m": (111059956, 128, 172, 2 * 1615685872, 256, (15, 10), 12)}
+GNN_SEED = 20240612       # the sampler's random.Random seed, fixed
+GNN_DEGREE_EXPONENT = 0.8  # a sampled neighbour's id: rank^-0.8, a power-law degree distribution (our choice)
+
+
+def gnn_train(rec, args):
+    """GraphSAGE (Hamilton et al. 2017; mean aggregation, 2 layers, hidden 256, ReLU, dropout
+    0.5, Adam) minibatch training with neighbour sampling, as DGL (sampling with use_uva) and
+    PyG do it with the graph and the node features in GPU-addressable memory: each minibatch
+    takes --batch random seed nodes, samples 15 neighbours of each seed (hop 1), then 10
+    neighbours of every node of hops 0-1 (hop 2, DGL's message-flow graphs), gathers the
+    features of all the nodes sampled and the seeds' labels, runs the two layers on the
+    sampled graph (dense: a fixed fanout makes the mean a reshape), backward, Adam.
+
+    The CSR (indptr and indices, int64), the feature table (nodes x features, fp32) and the
+    labels are recorded as partial accesses: each sampling kernel reads indptr[v], indptr[v+1]
+    and v's neighbour list for its frontier nodes, the gather reads exactly the feature rows
+    of the sampled nodes, the label gather the seeds' labels. The graph is synthetic: a
+    neighbour's id is drawn from a power law over nodes (GNN_DEGREE_EXPONENT: hubs are sampled
+    most, as with a power-law degree distribution), scattered over the ids (power_law_rows),
+    independent of the node sampled from; every node has E/N neighbours, its list taken to
+    start at entry v*E/N; seeds are uniform over all nodes (the training split is not
+    modelled). Everything after the gathers is recorded as aten ops."""
+    n, f, classes, edges, hidden, fanouts, steps = GNN_SIZES[args.size]
+    steps, batch = args.steps or steps, args.batch
+    args.seq = None  # not a sequence model's length: dropped from the header
+    rng = random.Random(GNN_SEED)
+    feat = torch.empty(n, f, device=META)
+    labels = torch.empty(n, dtype=torch.long, device=META)
+    indptr = torch.empty(n + 1, dtype=torch.long, device=META)
+    indices = torch.empty(edges, dtype=torch.long, device=META)
+    per_node = edges / n
+    convs = [(nn.Linear(f, hidden, device=META), nn.Linear(f, hidden, bias=False, device=META)),
+             (nn.Linear(hidden, classes, device=META), nn.Linear(hidden, classes, bias=False, device=META))]
+    params = [p for pair in convs for lin in pair for p in lin.parameters()]
+    opt = torch.optim.Adam(params, lr=3e-3, foreach=False)
+    L = lambda k: torch.empty(k, dtype=torch.long, device=META)
+    sizes = []  # (nodes of hops 0-1, all nodes) a minibatch
+
+    def sage(pair, x, dst, k, nbr):
+        agg = x.index_select(0, nbr).view(dst, k, -1).mean(1)
+        return pair[0](agg) + pair[1](x[:dst])
+
+    with rec:
+        rec.mark("feature-table", [feat])
+        rec.mark("graph", [labels, indptr, indices])
+        rec.mark("weight", params)
+        for it in range(steps):
+            rec.iteration(it)
+            seeds = rng.sample(range(n), batch)
+            order, where = list(seeds), {v: i for i, v in enumerate(seeds)}
+            n_id = L(batch)
+            rec.partial_kernel("randperm_seeds", writes=[n_id])
+            blocks = []  # (targets, fanout, local neighbour indices)
+            for hop, k in enumerate(fanouts):
+                frontier = order[:]  # every node so far: the next layer's targets
+                lists = []
+                for v in frontier:
+                    a = int(v * per_node)
+                    lists += (a, max(a, min(int((v + 1) * per_node), edges) - 1))
+                nbrs = power_law_rows(rng, n, GNN_DEGREE_EXPONENT, len(frontier) * k)
+                out = L(len(nbrs))
+                rec.partial_kernel(f"sample_neighbors_hop{hop + 1}",
+                                   [n_id, (indptr, frontier + [v + 1 for v in frontier]), (indices, lists)], [out])
+                local = []
+                for v in nbrs:
+                    if v not in where:
+                        where[v] = len(order)
+                        order.append(v)
+                    local.append(where[v])
+                prev, n_id, nbr = n_id, L(len(order)), L(len(nbrs))
+                rec.partial_kernel("unique_relabel", [prev, out], [n_id, nbr])
+                blocks.append((len(frontier), k, nbr))
+                del prev, out
+            sizes.append((blocks[1][0], len(order)))
+            x = torch.empty(len(order), f, device=META)
+            rec.partial_kernel("gather_features", [n_id, (feat, order)], [x])
+            y = L(batch)
+            rec.partial_kernel("gather_labels", [n_id[:batch], (labels, seeds)], [y])
+            (dst1, k1, nbr1), (dst2, k2, nbr2) = blocks
+            h = F.dropout(F.relu(sage(convs[0], x, dst2, k2, nbr2)), 0.5, training=True)
+            loss = F.cross_entropy(sage(convs[1], h, dst1, k1, nbr1), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del x, y, h, loss, blocks, nbr1, nbr2, n_id
+        for st in opt.state.values():
+            rec.mark("optimizer", [v for v in st.values() if isinstance(v, torch.Tensor)])
+    args.iters = steps
+    args.header_extra = {
+        "seed": GNN_SEED, "nodes": n, "features": f, "classes": classes, "csr_entries": edges, "fanouts": fanouts,
+        "degree_exponent": GNN_DEGREE_EXPONENT,
+        "sampled_nodes": {"hops_0_1": [s[0] for s in sizes], "all": [s[1] for s in sizes]},
+        "partial_access": {"page_bytes": rec.PAGE, "max_ranges": rec.MAX_RANGES},
+    }
+    return feat, labels, indptr, indices, convs, opt
+
+
+# DLRM (Naumov et al. 2019) on Criteo: rows of the 26 embedding tables. Kaggle (Display
+# Advertising Challenge): the counts the DLRM reference prints for the Kaggle data set
+# (33,762,577 rows). Terabyte: Criteo 1TB with ids capped at 40M, the table sizes of the MLPerf
+# DLRM configuration in TorchRec's examples (204,184,588 rows).
+DLRM_KAGGLE_ROWS = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
+                    5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+DLRM_TERABYTE_ROWS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209,
+                      11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
+# (table rows, embedding width, bottom MLP widths after the 13 dense features, top MLP widths,
+# minibatches): the DLRM reference's Kaggle configuration (--arch-sparse-feature-size=16,
+# --arch-mlp-bot=13-512-256-64-16, --arch-mlp-top=512-256-1) and the MLPerf one (128,
+# 13-512-256-128, 1024-1024-512-256-1). Tables 2.2 GB and 104.5 GB (fp32).
+DLRM_SIZES = {"kaggle": (DLRM_KAGGLE_ROWS, 16, (512, 256, 64, 16), (512, 256, 1), 32),
+              "terabyte": (DLRM_TERABYTE_ROWS, 128, (512, 256, 128), (1024, 1024, 512, 256, 1), 16)}
+DLRM_SEED = 20240613  # the lookups' random.Random seed, fixed
+DLRM_ZIPF = 1.05       # row popularity rank^-1.05 in every table (our choice: Criteo's ids are heavy-tailed)
+
+
+def dlrm_train(rec, args):
+    """DLRM training (Naumov et al. 2019, "Deep Learning Recommendation Model for Personalization
+    and Recommendation Systems"): a bottom MLP over the 13 dense features, one lookup in each of
+    26 embedding tables (one-hot, as in Criteo), the pairwise dot products of the 27 vectors
+    (interaction "dot"), their concatenation with the bottom MLP's output, a top MLP, binary
+    cross-entropy. Dense layers: fp32, SGD. Embeddings: fp32 tables with row-wise Adagrad
+    (one fp32 accumulator a row), the update fused into the backward as FBGEMM's table-batched
+    embedding kernels do it: only the rows looked up are read and written.
+
+    Each minibatch draws --batch ids per table, Zipf-like (DLRM_ZIPF; Criteo's categorical
+    values are heavy-tailed: a few ids are most lookups), hot ids scattered over the table as
+    hashing does (power_law_rows). Recorded by hand, as partial accesses: each table's forward
+    gather (reads the rows looked up, writes the pooled [batch, width] output) and its backward
+    (reads the output's gradient, reads and writes the rows and their Adagrad accumulators).
+    The batch is copied in each step (dense features, ids, labels). The rest (MLPs,
+    interaction, loss, backward, SGD) is recorded as aten ops."""
+    rows, dim, bottom_w, top_w, steps = DLRM_SIZES[args.size]
+    steps, batch = args.steps or steps, args.batch
+    args.seq = None  # not a sequence model's length: dropped from the header
+    rng = random.Random(DLRM_SEED)
+    tables = [torch.empty(r, dim, device=META) for r in rows]
+    accum = [torch.empty(r, device=META) for r in rows]
+
+    def mlp(widths, relu_last):
+        layers = []
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            layers.append(nn.Linear(a, b, device=META))
+            if relu_last or i < len(widths) - 2:
+                layers.append(nn.ReLU())
+        return nn.Sequential(*layers)
+    nf = len(tables) + 1
+    bottom = mlp((13,) + bottom_w, True)
+    top = mlp((dim + nf * (nf - 1) // 2,) + top_w, False)
+    dense_params = list(bottom.parameters()) + list(top.parameters())
+    opt = torch.optim.SGD(dense_params, lr=0.1, foreach=False)
+    pairs = torch.empty(nf * (nf - 1) // 2, dtype=torch.long, device=META)  # flat (i, j), i > j, of the 27 x 27 products
+    unique = []  # distinct rows looked up a minibatch, per table
+    with rec:
+        rec.mark("embedding", tables)
+        rec.mark("optimizer", accum)
+        rec.mark("weight", dense_params + [pairs])
+        for it in range(steps):
+            rec.iteration(it)
+            dense = torch.empty(batch, 13, device=META)
+            ids = torch.empty(len(tables), batch, dtype=torch.long, device=META)
+            label = torch.empty(batch, device=META)
+            rec.partial_kernel("copy_batch_h2d", writes=[dense, ids, label])
+            lookups = [power_law_rows(rng, r, DLRM_ZIPF, batch, salt=7919 * t) for t, r in enumerate(rows)]
+            unique.append([len(set(x)) for x in lookups])
+            embs = []
+            for t, (tab, look) in enumerate(zip(tables, lookups)):
+                e = torch.empty(batch, dim, device=META).requires_grad_()
+                rec.partial_kernel("embedding_bag_forward", [ids[t], (tab, look)], [e])
+                embs.append(e)
+            xb = bottom(dense)
+            feats = torch.stack([xb] + embs, dim=1)
+            z = torch.bmm(feats, feats.transpose(1, 2)).view(batch, -1).index_select(1, pairs)
+            logit = top(torch.cat([xb, z], dim=1)).squeeze(1)
+            loss = F.binary_cross_entropy_with_logits(logit, label)
+            loss.backward()
+            for t, (tab, acc, look, e) in enumerate(zip(tables, accum, lookups, embs)):
+                rec.partial_kernel("embedding_backward_rowwise_adagrad", [e.grad, ids[t], (tab, look), (acc, look)],
+                                   [(tab, look), (acc, look)])
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del dense, ids, label, embs, e, xb, feats, z, logit, loss
+    args.iters = steps
+    args.header_extra = {
+        "seed": DLRM_SEED, "zipf_exponent": DLRM_ZIPF, "table_rows": rows, "embedding_dim": dim,
+        "mlp_bottom": (13,) + bottom_w, "mlp_top": top_w, "interaction": "dot",
+        "distinct_rows_per_step": [sum(u) for u in unique],
+        "partial_access": {"page_bytes": rec.PAGE, "max_ranges": rec.MAX_RANGES},
+    }
+    return tables, accum, bottom, top, opt, pairs
+
+
 # name -> (function, what it records, sizes {size: shape tuple} or None, default size, default batch).
 # A model with sizes reads its shape from its sizes table by args.size (`--size`, checked in main).
 MODELS = {
@@ -979,6 +1396,15 @@ MODELS = {
                                      "fp32 training with AdamW", BERT_SIZES, "base", 32),
     "moe-train": (moe_train, "Mixtral-style MoE decoder LM (top-2 routing over SwiGLU experts, skewed expert loads drawn "
                              "per step and layer), bf16 training with fp32 master weights and AdamW", MOE_SIZES, "8e", 8),
+    "llm-serve-paged": (llm_serve_paged, "Llama-style decoder LM (1b, 3b shapes) serving with continuous batching over a "
+                                         "paged KV cache (vLLM-style: one block pool, block tables, 16-token blocks, "
+                                         "requests joining and leaving), bf16", SERVE_SIZES, "1b", 64),
+    "gnn-train": (gnn_train, "GraphSAGE minibatch training with neighbour sampling (fanouts 15, 10) on ogbn-products/"
+                             "ogbn-papers100M-sized graphs: features, labels and CSR in GPU memory, gathered by row, fp32 "
+                             "with Adam", GNN_SIZES, "products", 1024),
+    "dlrm-train": (dlrm_train, "DLRM (Criteo Kaggle, MLPerf Terabyte configurations): bottom MLP, 26 embedding tables "
+                               "with Zipf-like lookups, dot interaction, top MLP; fp32, SGD for the MLPs, row-wise Adagrad "
+                               "updating only the rows looked up", DLRM_SIZES, "kaggle", 2048),
 }
 
 
@@ -990,7 +1416,8 @@ def main(argv):
     p.add_argument("--seq", type=int, help="tokens a sequence [1024; bert-finetune: 128]")
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--decode", type=int, default=32)
-    p.add_argument("--steps", type=int, help="engine steps (llm-serve-paged) or minibatches (gnn-train, dlrm-train) [per size]")
+    p.add_argument("--steps", type=int,
+                   help="engine steps (llm-serve-paged) or minibatches (gnn-train, dlrm-train) [per size]")
     p.add_argument("--size", help="the model's size, for models that have sizes: " +
                    "; ".join(f"{m}: {', '.join(v[2])} [{v[3]}]" for m, v in sorted(MODELS.items()) if v[2]))
     p.add_argument("--tflops-fp32", type=float, default=494.7, help="dense TF32 tensor-core TFLOP/s [H200: 494.7]")
