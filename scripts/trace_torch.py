@@ -421,6 +421,12 @@ class LlamaBlock(nn.Module):
         self.w_down = nn.Linear(ffn, d, **kw)
 
     def forward(self, x, cos, sin, mask):
+        x = self.attend(x, cos, sin, mask)
+        h = self.mlp_norm(x)
+        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+
+    def attend(self, x, cos, sin, mask):
+        """The attention half of the block, with its residual: x + wo(attention(norm(x)))."""
         b, t, _ = x.shape
         h = self.attn_norm(x)
         q = self.wq(h).view(b, t, self.heads, self.hd).transpose(1, 2)
@@ -435,9 +441,7 @@ class LlamaBlock(nn.Module):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
         att = F.softmax(att.masked_fill(mask[:, :, :t, :t] == 0, float("-inf")).float(), dim=-1).to(q.dtype)
         y = (att @ v).transpose(1, 2).contiguous().view(b, t, -1)
-        x = x + self.wo(y)
-        h = self.mlp_norm(x)
-        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+        return x + self.wo(y)
 
 
 class Llama(nn.Module):
@@ -872,19 +876,7 @@ class MoEBlock(LlamaBlock):
         return y.view_as(h)
 
     def forward(self, x, cos, sin, mask, counts):
-        b, t, _ = x.shape
-        h = self.attn_norm(x)
-        q = self.wq(h).view(b, t, self.heads, self.hd).transpose(1, 2)
-        k = self.wk(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
-        v = self.wv(h).view(b, t, self.kv_heads, self.hd).transpose(1, 2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        rep = self.heads // self.kv_heads
-        k = k[:, :, None].expand(b, self.kv_heads, rep, t, self.hd).reshape(b, self.heads, t, self.hd)
-        v = v[:, :, None].expand(b, self.kv_heads, rep, t, self.hd).reshape(b, self.heads, t, self.hd)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
-        att = F.softmax(att.masked_fill(mask[:, :, :t, :t] == 0, float("-inf")).float(), dim=-1).to(q.dtype)
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, -1)
-        x = x + self.wo(y)
+        x = self.attend(x, cos, sin, mask)
         return x + self.moe(self.mlp_norm(x), counts)
 
 
