@@ -27,13 +27,20 @@ LearnedPolicy::LearnedPolicy(LearnedParams params) : p_(params) {
 
 // ---- live chunks (prefetching a chunk of no live block is refused by the Engine) ----
 
-void LearnedPolicy::on_alloc(const Block& block, Actions&) {
+void LearnedPolicy::on_alloc(const Block& block, Actions& actions) {
   if (block.bytes == 0) return;
   for (ChunkIndex c = chunk_of(block.base), last = chunk_of(block.end() - 1); c <= last; ++c) {
     ChunkInfo& i = chunks_[c];
     i.allocated = true;
     i.advised = false;  // a new block: no advice on it
-    if (i.blocks == 0) i.read_mostly = i.write_faulted = false;
+    if (i.blocks == 0 && i.read_mostly) {
+      // A range the sub-allocator parked and hands out again keeps the driver's read-mostly
+      // advice (nothing was freed to the driver): the new block starts without it.
+      const std::uint64_t lo = c * kChunkBytes, from = std::max<std::uint64_t>(block.base, lo),
+                          to = std::min<std::uint64_t>(block.end(), lo + kChunkBytes);
+      actions.advise(from, to - from, Advice::unset_read_mostly, Location::gpu);
+    }
+    if (i.blocks == 0) i.read_mostly = i.collapsed = false;
     if (i.blocks++ == 0 || i.end_offset == 0) {
       // Offsets from the chunk's start: [addr_offset, end_offset) is within [0, 2 MiB].
       const std::uint64_t lo = c * kChunkBytes;
@@ -50,7 +57,9 @@ void LearnedPolicy::on_free(const Block& block, Actions&) {
     if (record == nullptr) continue;
     ChunkInfo& i = *record;
     if (i.blocks > 0) --i.blocks;
-    if (i.blocks == 0) i.read_mostly = false;  // (the driver drops a freed range's advice)
+    // The driver drops a freed range's advice; a sub-allocated block's range is parked, not
+    // freed, and keeps it (on_alloc removes it when the range is handed out again).
+    if (i.blocks == 0 && !block.suballocated) i.read_mostly = false;
     // The address kept for the chunk was in this block: none is known until the next
     // allocation there (another live block may remain; its range is not known here).
     const std::uint64_t lo = c * kChunkBytes;
@@ -76,7 +85,8 @@ void LearnedPolicy::on_faults(std::span<const FaultRecord> faults) {
     const Entry& e = log_[n];
     if (n != entry) entry = n, from = e.touch_begin;
     const ChunkIndex c = chunk_of(f.addr);
-    if (ChunkInfo* info = chunks_.find(c); info != nullptr && info->blocks > 0) info->write_faulted = true;
+    // A write fault on a read-mostly chunk: the write met its read-mostly copy.
+    if (ChunkInfo* info = chunks_.find(c); info != nullptr && info->blocks > 0 && info->read_mostly) info->collapsed = true;
     const std::uint32_t count = e.touch_end - e.touch_begin;
     for (std::uint32_t k = 0; k < count; ++k) {
       const std::uint32_t t = e.touch_begin + (from - e.touch_begin + k) % count;
@@ -492,6 +502,10 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     for (const Access& a : launch.accesses) chunks += a.bytes == 0 ? 0 : chunk_of(a.addr + a.bytes - 1) - chunk_of(a.addr) + 1;
     make_room(chunks);
   }
+  // Write bits are learned from faults only while the Backend reports them (refine_footprint
+  // comes before each launch then): if the feedback stops, learned read-mostly advice goes.
+  const bool faults_on = writes_from_faults_;
+  writes_from_faults_ = false;
   IdInfo* id = nullptr;
   const std::uint32_t n = append(launch, &id);
   seq_entries_[seq_ % kSeqWindow] = {seq_ + 1, n};
@@ -524,7 +538,7 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
     // Where the launch does not say (the shim), writes are learned from write faults: the
     // matched entry's touch tells whether this one writes; an unmatched launch changes no advice.
     bool read_mostly = info.read_mostly;
-    const bool learns = !launch.writes_known && writes_from_faults_;
+    const bool learns = !launch.writes_known && faults_on;
     if (launch.writes_known) {
       if (info.sig != kNone && sigs_[info.sig].writes >= 0) read_mostly = sigs_[info.sig].writes < 0.5;
       if (touches_[cur.touch_begin + i].write) read_mostly = false;
@@ -539,7 +553,6 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
       if (learns && matched.write) touches_[cur.touch_begin + i].write = true;
       const bool writes_now = touches_[cur.touch_begin + i].write;
       if (launch.writes_known || learns) read_mostly = !writes_now && (nu == kFar || !touches_[nt].write);
-      if (learns && info.write_faulted) read_mostly = false;
     } else {
       const std::uint64_t g = guess_next_use(info);
       if (g != 0) {
@@ -547,7 +560,12 @@ void LearnedPolicy::on_launch(const Launch& launch, Actions& actions) {
         ++sig_predicted_;
       }
     }
-    if ((launch.writes_known || learns) && read_mostly != info.read_mostly && info.blocks > 0 && info.end_offset != 0) {
+    // Learned writes: a chunk whose read-mostly copy a write has met since its blocks were
+    // allocated is not (or no longer) read-mostly, matched or not; without writes known or
+    // learned, no advice stays.
+    if (learns && info.collapsed) read_mostly = false;
+    if (!launch.writes_known && !learns) read_mostly = false;
+    if (read_mostly != info.read_mostly && info.blocks > 0 && info.end_offset != 0) {
       const std::uint64_t addr = c * kChunkBytes + info.addr_offset, bytes = info.end_offset - info.addr_offset;
       actions.advise(addr, bytes, read_mostly ? Advice::read_mostly : Advice::unset_read_mostly, Location::gpu);
       info.read_mostly = read_mostly;

@@ -25,9 +25,9 @@
 //     the driver's write faults (FaultRecord::write: the shim, through CUPTI): a touch is
 //     taken to write once a write fault was attributed to it, and a launch in step with the
 //     history is predicted to write what its matched entry wrote. Learned so, a chunk is
-//     not advised read-mostly again once a write fault has been taken on it since its blocks
-//     were allocated: a write no fault has shown (a chunk written while resident and not
-//     read-mostly faults not at all) costs a fault when it meets the read-mostly copy, once
+//     not advised read-mostly again once a write has met its read-mostly copy (a write fault
+//     while advised) since its blocks were allocated: a write no fault has shown (a chunk
+//     written while resident and not read-mostly faults not at all) costs that fault, once
 //     per chunk, and the next such write may come from a launch the history does not match.
 //     Measured (bench/README.md): inference saves write-backs; the bundled 3-iteration
 //     training traces pay that one-time cost (docs/learned-policy.md §5b).
@@ -144,7 +144,8 @@ class LearnedPolicy final : public Policy {
   // Write faults also mark the touches they were attributed to as writes (read-mostly above).
   bool wants_faults() const override { return true; }
   void on_faults(std::span<const FaultRecord> faults) override;
-  // (Called only while the Backend reports faults: from then on write bits are learned.)
+  // (Called before each launch only while the Backend reports faults: that launch's write
+  // bits are learned; on_launch reads and clears the mark.)
   std::span<const Access> refine_footprint(const Launch& launch) override {
     writes_from_faults_ = true;
     return extents_.refine(launch);
@@ -207,7 +208,7 @@ class LearnedPolicy final : public Policy {
     bool advised : 1 = false;          // remote-access advice set on the live block here
     bool resident : 1 = false;         // in the Engine's plan (on_residency)
     bool read_mostly : 1 = false;      // read-mostly advice set on the live block here
-    bool write_faulted : 1 = false;    // a write fault was taken on it while its blocks live (learned writes: never advised)
+    bool collapsed : 1 = false;        // a write met its read-mostly copy while its blocks live (learned writes: never advised again)
     std::uint8_t pf_age = kNoAge;      // anchor age (streak) of the prefetch awaiting its use
     std::uint64_t remote = 0;          // stamp_ of the launch that leaves it remote
     std::uint64_t nu = kFar;           // predicted next use (launch seq)
@@ -329,7 +330,7 @@ class LearnedPolicy final : public Policy {
   static constexpr std::size_t kSeqWindow = 4096;
   std::vector<std::pair<std::uint64_t, std::uint32_t>> seq_entries_ =
       std::vector<std::pair<std::uint64_t, std::uint32_t>>(kSeqWindow);
-  bool writes_from_faults_ = false;  // the Backend reports faults: where launches do not say, write bits are learned from them
+  bool writes_from_faults_ = false;  // refine_footprint came before this launch: the Backend reports faults, write bits are learned from them
   std::uint64_t writes_learned_ = 0;
   std::uint64_t prev_now_ = 0, prev_dur_ = 0;  // the previous launch's issue time and duration
   bool prev_remote_ = false;     // the previous launch left chunks remote

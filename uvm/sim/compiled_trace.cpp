@@ -436,9 +436,14 @@ MinFetch belady(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vec
     }
     return {0, 0};
   };
-  // What each request that could miss would cost (a non-first read: the cheaper of a fetch
-  // and a remote read of its bytes); MIN's bytes are the sum of the `chunks` cheapest.
-  std::vector<std::uint32_t> costs;
+  // What the requests that could miss would cost (a non-first read: the cheaper of a fetch
+  // and a remote read of its bytes), counted per cost: exact below 4 KiB, rounded down to a
+  // 4 KiB multiple above (still a lower bound; 2 MiB exact). MIN's bytes are the sum of the
+  // `chunks` cheapest. Fixed memory, whatever the trace's length.
+  constexpr std::uint32_t kFine = 4096;
+  std::vector<std::uint64_t> cost_count(kFine + (kChunkBytes >> 12) + 1, 0);
+  const auto bucket = [&](std::uint64_t v) { return v < kFine ? v : kFine + (v >> 12); };
+  const auto bucket_cost = [&](std::size_t b) -> std::uint64_t { return b < kFine ? b : (b - kFine) << 12; };
   std::size_t op_no = 0, kernel_no = 0, block_no = 0;
   for (const Op& op : ct.ops) {
     if ((++op_no & 0xffff) == 0) ct.release_behind(op_no - 1, kernel_no, block_no);
@@ -463,7 +468,7 @@ MinFetch belady(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vec
       // be written remotely, over D2H), and a host touch is no GPU request.
       const std::uint32_t next = resident_model ? tt.next : tt.next_read;
       if (!resident_model && !tt.first_touch && tt.read_bytes > 0) {
-        costs.push_back(static_cast<std::uint32_t>(std::min<std::uint64_t>(kChunkBytes, tt.read_bytes)));
+        ++cost_count[bucket(std::min<std::uint64_t>(kChunkBytes, tt.read_bytes))];
       }
       if (in[c]) {
         if (hits != nullptr) (*hits)[j] = true;
@@ -499,11 +504,13 @@ MinFetch belady(const CompiledTrace& ct, std::uint64_t capacity_chunks, std::vec
   // requests, so their `chunks` cheapest bound its bytes from below.
   if (resident_model) {
     result.bytes = result.chunks * kChunkBytes;
-  } else if (result.chunks < costs.size()) {
-    std::nth_element(costs.begin(), costs.begin() + static_cast<std::ptrdiff_t>(result.chunks), costs.end());
-    for (std::uint64_t i = 0; i < result.chunks; ++i) result.bytes += costs[i];
   } else {
-    for (std::uint32_t b : costs) result.bytes += b;
+    std::uint64_t left = result.chunks;
+    for (std::size_t b = 0; b < cost_count.size() && left > 0; ++b) {
+      const std::uint64_t n = std::min(left, cost_count[b]);
+      result.bytes += n * bucket_cost(b);
+      left -= n;
+    }
   }
   return result;
 }
