@@ -267,34 +267,42 @@ def parse_kernels(path, tensors, tensors_path):
     return kernels
 
 
-def parse_kernel_times(path, kernels):
-    """G10's orig_kernel_time_file: 'ID MILLISECONDS ms' per kernel, IDs 0, 1, 2, ..."""
+def per_kernel_lines(path, kernels, unit, form, noun, valid=lambda value: True):
+    """The lines of one of G10's per-kernel files ('ID VALUE UNIT', IDs 0, 1, 2, ..., one per
+    kernel): yields (lineno, kernel id, value text); stops with one line on a malformed line,
+    an ID out of order, or a count other than the kernels file's."""
     n = 0
     for lineno, raw in enumerate(read_lines(path), 1):
         text = raw.strip()
         if not text:
             continue
         m = TIMES_RE.fullmatch(text)
-        if not m or m.group(3) != "ms":
-            fail(path, lineno, f"expected 'ID MILLISECONDS ms', got {text[:80]!r}")
+        if not m or m.group(3) != unit or not valid(m.group(2)):
+            fail(path, lineno, f"expected '{form}', got {text[:80]!r}")
         kid = int(m.group(1))
         if kid != n:
             fail(path, lineno, f"kernel ID {kid} out of order: expected {n}")
         if n >= len(kernels):
-            fail(path, lineno, f"more kernel times than the {len(kernels)} kernels of the kernels file")
+            fail(path, lineno, f"more {noun} than the {len(kernels)} kernels of the kernels file")
+        n += 1
+        yield lineno, kid, m.group(2)
+    if n != len(kernels):
+        fail(path, 0, f"{n} {noun} for the {len(kernels)} kernels of the kernels file")
+
+
+def parse_kernel_times(path, kernels):
+    """G10's orig_kernel_time_file: 'ID MILLISECONDS ms' per kernel, IDs 0, 1, 2, ..."""
+    for lineno, kid, value in per_kernel_lines(path, kernels, "ms", "ID MILLISECONDS ms", "kernel times"):
         try:
-            ms = decimal.Decimal(m.group(2))
+            ms = decimal.Decimal(value)
         except decimal.InvalidOperation:
-            fail(path, lineno, f"kernel {kid}: {m.group(2)!r} is not a number of milliseconds")
+            fail(path, lineno, f"kernel {kid}: {value!r} is not a number of milliseconds")
         if not ms.is_finite() or ms < 0:
-            fail(path, lineno, f"kernel {kid}: time {m.group(2)} ms must be a non-negative number")
+            fail(path, lineno, f"kernel {kid}: time {value} ms must be a non-negative number")
         ns = int((ms * 1000000).to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
         if ns > MAX_DUR_NS:
-            fail(path, lineno, f"kernel {kid}: {m.group(2)} ms exceeds the 2^50 ns a trace kernel may take")
-        kernels[n].dur_ns = ns
-        n += 1
-    if n != len(kernels):
-        fail(path, 0, f"{n} kernel times for the {len(kernels)} kernels of the kernels file")
+            fail(path, lineno, f"kernel {kid}: {value} ms exceeds the 2^50 ns a trace kernel may take")
+        kernels[kid].dur_ns = ns
 
 
 def parse_workspace(path, kernels, tensors):
@@ -307,20 +315,8 @@ def parse_workspace(path, kernels, tensors):
         for g in k.inputs + k.outputs:
             users.setdefault(g, set()).add(k.kid)
     found = set()
-    n = 0
-    for lineno, raw in enumerate(read_lines(path), 1):
-        text = raw.strip()
-        if not text:
-            continue
-        m = TIMES_RE.fullmatch(text)
-        if not m or m.group(3) != "B" or not m.group(2).isdigit():
-            fail(path, lineno, f"expected 'ID BYTES B', got {text[:80]!r}")
-        kid, nbytes = int(m.group(1)), int(m.group(2))
-        if kid != n:
-            fail(path, lineno, f"kernel ID {kid} out of order: expected {n}")
-        if n >= len(kernels):
-            fail(path, lineno, f"more workspace sizes than the {len(kernels)} kernels of the kernels file")
-        n += 1
+    for lineno, kid, value in per_kernel_lines(path, kernels, "B", "ID BYTES B", "workspace sizes", str.isdigit):
+        nbytes = int(value)
         if nbytes == 0:
             continue
         k = kernels[kid]
@@ -331,8 +327,6 @@ def parse_workspace(path, kernels, tensors):
             fail(path, lineno, f"kernel {kid} has a {nbytes}-byte workspace, but its last output tensor "
                  f"is not a {pages}-byte tensor of that kernel alone (a workspace file of another run?)")
         found.add(g)
-    if n != len(kernels):
-        fail(path, 0, f"{n} workspace sizes for the {len(kernels)} kernels of the kernels file")
     return found
 
 
