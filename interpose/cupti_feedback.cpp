@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "shim.h"
+#include "spillway/cancel.h"
 #include "spillway/cupti_library.h"
 #include "spillway/log.h"
 
@@ -37,7 +38,9 @@ std::mutex& start_mutex() {
 }
 thread_local bool t_starting = false;  // (CUPTI calling our exports while we start it)
 std::mutex g_why_mutex;
-std::string g_why = "off: not started (no launch yet)";
+// Never destroyed: the exit report reads it from a library destructor, after static destructors
+// may have run (a late dlopen() of the shim printed freed bytes here).
+std::string& g_why = *new std::string("off: not started (no launch yet)");
 std::atomic<std::uint64_t> g_to_gpu{0}, g_to_host{0};
 std::atomic<std::int64_t> g_last_flush_ns{0};
 
@@ -117,6 +120,7 @@ bool resolve(void* handle, const char* name, F& out) {
 }
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  NoCancelScope no_cancel;  // called inside the host's driver calls (spillway/cancel.h)
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBufferBytes));
   *size = *buffer != nullptr ? kBufferBytes : 0;
   *max_records = 0;
@@ -160,6 +164,7 @@ void attribute_locked(Records& rec) {
 }
 
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  NoCancelScope no_cancel;  // called inside the host's driver calls (spillway/cancel.h)
   if (buffer == nullptr) return;
   if (g_exiting.load(std::memory_order_relaxed)) {  // (CUPTI's last flush at exit: just hand it back)
     std::free(buffer);

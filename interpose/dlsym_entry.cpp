@@ -17,13 +17,22 @@ using DlsymFn = void* (*)(void*, const char*);
 extern "C" __attribute__((visibility("hidden"))) void* spillway_dlsym_impl(void* handle, const char* name);
 
 // glibc's dlsym, found with dlvsym so that it is never our own. A race between two first
-// calls stores the same value twice.
+// calls stores the same value twice. When the shim was not preloaded but dlopen()ed after
+// the C library, nothing comes after it to find: libc.so.6's own then (never loaded here,
+// only looked up), so that a late-loaded shim passes calls through instead of answering
+// CUDA_ERROR_NOT_INITIALIZED.
 extern "C" __attribute__((visibility("hidden"))) void* spillway_real_dlsym_for_next() {
   static void* cached = nullptr;
   void* fn = __atomic_load_n(&cached, __ATOMIC_ACQUIRE);
   if (fn != nullptr) return fn;
   fn = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
   if (fn == nullptr) fn = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+  if (fn == nullptr) {
+    if (void* libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD)) {
+      fn = dlvsym(libc, "dlsym", "GLIBC_2.34");
+      if (fn == nullptr) fn = dlvsym(libc, "dlsym", "GLIBC_2.2.5");
+    }
+  }
   __atomic_store_n(&cached, fn, __ATOMIC_RELEASE);
   return fn;
 }

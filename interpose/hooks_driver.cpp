@@ -114,18 +114,6 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
   return CUDA_SUCCESS;
 }
 
-// `mapped`: the stream as the driver reads it (the per-thread default stream for a _ptsz
-// call's NULL stream); the real function is called with the caller's own argument.
-CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, CUstream mapped,
-                     CUresult (*real_fn)(CUdeviceptr*, size_t, CUstream)) {
-  bool outside = false;
-  if (auto r = allocate_managed(dptr, bytes, AllocKind::async, reinterpret_cast<StreamHandle>(mapped), true, &outside)) {
-    return *r;
-  }
-  CUresult r = real_fn(dptr, bytes, stream);
-  return outside ? count_outside(r, dptr, bytes) : r;
-}
-
 bool is_default_pool(CUmemoryPool pool) {
   CUdevice dev = 0;
   CUmemoryPool def = nullptr;
@@ -135,23 +123,68 @@ bool is_default_pool(CUmemoryPool pool) {
   return real().cuDeviceGetDefaultMemPool(&def, dev) == CUDA_SUCCESS && def == pool;
 }
 
-CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream, CUstream mapped,
-                         CUresult (*real_fn)(CUdeviceptr*, size_t, CUmemoryPool, CUstream)) {
-  // Only the device's default pool is turned into managed memory: a pool the program made
-  // itself carries properties (IPC export, location, release threshold) we cannot honour.
+// Set once the program has made a pool of its own current on some device
+// (cuDeviceSetMemPool): from then on cuMemAllocAsync asks which pool is current.
+std::atomic<bool> g_program_pool_set{false};
+
+// The pool cuMemAllocAsync takes from: "the memory pool current to the stream's device"
+// (CUDA Driver API, cuMemAllocAsync), read as the current context's device like
+// is_default_pool(). nullptr when unknown.
+CUmemoryPool current_pool() {
+  CUdevice dev = 0;
+  CUmemoryPool pool = nullptr;
+  interpose::ShimCallScope scope;
+  if (real().cuCtxGetDevice == nullptr || real().cuDeviceGetMemPool == nullptr) return nullptr;
+  if (real().cuCtxGetDevice(&dev) != CUDA_SUCCESS) return nullptr;
+  return real().cuDeviceGetMemPool(&pool, dev) == CUDA_SUCCESS ? pool : nullptr;
+}
+
+// A stream-ordered allocation from a pool the program chose (one it created, or made the
+// device's current pool): the driver's own, counted as memory outside Spillway when it is
+// made outside a capture (a pool's properties, IPC export, location, release threshold,
+// cannot be honoured in managed memory).
+template <typename RealCall>
+CUresult alloc_in_program_pool(CUdeviceptr* dptr, size_t bytes, CUstream mapped, RealCall real_call) {
   bool outside = false;
-  if (pool != nullptr && is_default_pool(pool)) {
-    if (auto r = allocate_managed(dptr, bytes, AllocKind::pool_async, reinterpret_cast<StreamHandle>(mapped), true,
-                                  &outside)) {
-      return *r;
-    }
-  } else if (Engine* e = engine(); e != nullptr && dptr != nullptr && bytes != 0) {
+  if (Engine* e = engine(); e != nullptr && dptr != nullptr && bytes != 0) {
     e->note_passed_through(false);
     bool capturing = false;
     std::uint64_t capture = 0;
     outside = interpose::capture_of(mapped, &capturing, &capture) == CUDA_SUCCESS && !capturing;
   }
-  CUresult r = real_fn(dptr, bytes, pool, stream);
+  CUresult r = real_call();
+  return outside ? count_outside(r, dptr, bytes) : r;
+}
+
+// `mapped`: the stream as the driver reads it (the per-thread default stream for a _ptsz
+// call's NULL stream); the real function is called with the caller's own argument.
+CUresult alloc_async(CUdeviceptr* dptr, size_t bytes, CUstream stream, CUstream mapped,
+                     CUresult (*real_fn)(CUdeviceptr*, size_t, CUstream)) {
+  auto real_call = [&] { return real_fn(dptr, bytes, stream); };
+  if (g_program_pool_set.load(std::memory_order_acquire)) {
+    if (CUmemoryPool pool = current_pool(); pool == nullptr || !is_default_pool(pool)) {
+      return alloc_in_program_pool(dptr, bytes, mapped, real_call);
+    }
+  }
+  bool outside = false;
+  if (auto r = allocate_managed(dptr, bytes, AllocKind::async, reinterpret_cast<StreamHandle>(mapped), true, &outside)) {
+    return *r;
+  }
+  CUresult r = real_call();
+  return outside ? count_outside(r, dptr, bytes) : r;
+}
+
+CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUstream stream, CUstream mapped,
+                         CUresult (*real_fn)(CUdeviceptr*, size_t, CUmemoryPool, CUstream)) {
+  // Only the device's default pool is turned into managed memory.
+  auto real_call = [&] { return real_fn(dptr, bytes, pool, stream); };
+  if (pool == nullptr || !is_default_pool(pool)) return alloc_in_program_pool(dptr, bytes, mapped, real_call);
+  bool outside = false;
+  if (auto r = allocate_managed(dptr, bytes, AllocKind::pool_async, reinterpret_cast<StreamHandle>(mapped), true,
+                                &outside)) {
+    return *r;
+  }
+  CUresult r = real_call();
   return outside ? count_outside(r, dptr, bytes) : r;
 }
 
@@ -269,6 +302,15 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
   if (r == CUDA_SUCCESS && handle != nullptr && prop != nullptr && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
     if (Engine* e = engine()) e->note_device_memory(Engine::DeviceMemory::vmm, *handle, size, prop->location.id);
   }
+  return r;
+}
+
+// The program makes a pool of its own the device's current pool: cuMemAllocAsync (and the
+// runtime's cudaMallocAsync) then allocate from it, and Spillway leaves them to the driver.
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  interpose::ensure_driver();
+  CUresult r = real().cuDeviceSetMemPool(dev, pool);
+  if (r == CUDA_SUCCESS) g_program_pool_set.store(true, std::memory_order_release);
   return r;
 }
 

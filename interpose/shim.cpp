@@ -8,6 +8,7 @@
 // which asks the real one and substitutes the hook for exactly the symbol it returned.
 #include "shim.h"
 
+#include <cxxabi.h>
 #include <dlfcn.h>
 #include <link.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "cuda_backend.h"
+#include "spillway/cancel.h"
 #include "spillway/output_file.h"
 #include "spillway/report.h"
 
@@ -360,7 +362,9 @@ __attribute__((constructor)) void load_settings() {
 
 // ---- exported symbols ----------------------------------------------------------------
 // Each exported hook: pass straight through when hooks are off, otherwise run the hook
-// body; no C++ exception crosses the C ABI.
+// body with thread cancellation held off (spillway/cancel.h: a forced unwind must never meet
+// the catch below, nor leave the shim's locks and tables half-updated); no C++ exception
+// crosses the C ABI.
 //
 // A driver hook entered on a thread that is already inside one passes straight through: the
 // shim's own calls never enter the exported hooks, so that is a signal handler (or an
@@ -387,8 +391,11 @@ struct RuntimeHookScope {
     if (hook_scope_.nested || !::spillway::interpose::hooks_active() ||          \
         !::spillway::interpose::ensure() || ::spillway::interpose::real().symbol == nullptr) \
       return ::spillway::interpose::pass_##symbol args;                          \
+    ::spillway::NoCancelScope no_cancel_;                                        \
     try {                                                                        \
       return ::spillway::hook::symbol args;                                      \
+    } catch (abi::__forced_unwind&) {                                            \
+      throw;                                                                     \
     } catch (...) {                                                              \
       ::spillway::interpose::internal_failure(#symbol);                          \
     }                                                                            \
@@ -443,6 +450,9 @@ extern "C" void* spillway_dlsym_impl(void* handle, const char* name) {
       else ensure_runtime();
       out = substitute(result);
     }
+  } catch (abi::__forced_unwind&) {
+    --t_dlsym_depth;
+    throw;
   } catch (...) {
     out = result;
   }

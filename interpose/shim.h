@@ -83,6 +83,10 @@ void install_trace_recorder(Engine& engine, const std::string& path);
 // being written for longer than `wait` (this thread itself may hold the recorder, exit()
 // having come from a signal handler), the trace is left unfinished, with one error line.
 void close_trace_recorder(std::chrono::milliseconds wait) noexcept;
+// The same before this process image is replaced by exec (exec_hooks.cpp), which runs no
+// exit-time code: only in the process that opened the trace, never in a vfork()ed child,
+// which shares the recorder's memory with its parent. Touches nothing else then.
+void close_trace_recorder_before_exec(std::chrono::milliseconds wait) noexcept;
 
 // Whether `stream` (mapped: the per-thread default stream for a _ptsz call) is being
 // captured, and the id of its capture (cuStreamGetCaptureInfo, CUDA 12.3+; the stream's own

@@ -28,6 +28,7 @@
 //   file holds and how many it leaves out, so a replay knows it is a part.
 #include <unistd.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -91,6 +92,9 @@ class TraceRecorder final : public EngineObserver {
     }
     record(ev);
   }
+
+  // Whether process `pid` opened the trace (a vfork()ed or forked child did not).
+  bool owned_by(pid_t pid) const { return owner_.load(std::memory_order_acquire) == pid; }
 
   void close(std::chrono::milliseconds wait) noexcept {
     std::unique_lock lock(mutex_, std::defer_lock);
@@ -262,7 +266,7 @@ class TraceRecorder final : public EngineObserver {
     }
     if (path != wanted) {
       log(LogLevel::warn, "SPILLWAY_TRACE: '{}' exists; process {} records its trace to '{}'", wanted,
-          static_cast<long>(owner_), path);
+          static_cast<long>(owner_.load()), path);
     }
   }
 
@@ -274,7 +278,7 @@ class TraceRecorder final : public EngineObserver {
   bool header_written_ = false;
   bool done_ = false;    // the window is written (or the trace stopped): nothing more goes in
   std::unique_ptr<trace::Writer> writer_;
-  pid_t owner_ = 0;
+  std::atomic<pid_t> owner_{0};  // (read without mutex_ by owned_by)
   // The window (SPILLWAY_TRACE_WINDOW).
   std::uint64_t launches_seen_ = 0;
   struct Kept {
@@ -299,6 +303,10 @@ void install_trace_recorder(Engine& engine, const std::string& path) {
 
 void close_trace_recorder(std::chrono::milliseconds wait) noexcept {
   if (g_recorder != nullptr) g_recorder->close(wait);
+}
+
+void close_trace_recorder_before_exec(std::chrono::milliseconds wait) noexcept {
+  if (g_recorder != nullptr && g_recorder->owned_by(getpid())) g_recorder->close(wait);
 }
 
 }  // namespace spillway::interpose

@@ -239,8 +239,10 @@ CUresult Call::finish(CUresult r) {
   if (fd >= 0) {
     try {
       line_ += " -> " + std::to_string(static_cast<int>(r)) + "\n";
-      ssize_t ignored = ::write(fd, line_.data(), line_.size());  // one write(2) per line
+      ssize_t ignored = ::write(fd, line_.data(), line_.size());  // one write(2) per line: a cancellation point
       (void)ignored;
+    } catch (abi::__forced_unwind&) {
+      throw;
     } catch (...) {
     }
   }

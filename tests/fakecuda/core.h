@@ -11,6 +11,7 @@
 #pragma GCC visibility push(default)     // the CUDA entry points we define are exported
 #include <cuda.h>
 #pragma GCC visibility pop
+#include <cxxabi.h>
 
 #include <chrono>
 #include <cstdint>
@@ -86,6 +87,8 @@ CUresult api(const char* symbol, const char* base, unsigned flags, F&& body) {
   CUresult r;
   try {
     r = body(c);
+  } catch (abi::__forced_unwind&) {
+    throw;  // thread cancellation unwinds through a C driver as through any C code
   } catch (...) {
     r = CUDA_ERROR_UNKNOWN;
   }

@@ -78,6 +78,23 @@ bool is_default_pool(CUmemoryPool pool) {
     if (pool == default_pool(d)) return true;
   return false;
 }
+
+// The device's current pool, the one cuMemAllocAsync allocates from (cuDeviceSetMemPool:
+// "Sets the current memory pool of a device"); nullptr: its default pool.
+std::mutex g_current_pool_mutex;
+CUmemoryPool g_current_pool[kMaxDevices] = {};
+CUmemoryPool current_pool(int device) {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  std::lock_guard lock(g_current_pool_mutex);
+  CUmemoryPool p = g_current_pool[device];
+  return p ? p : default_pool(device);
+}
+// A pool destroyed while current: its device's default pool is current again.
+void forget_current_pool(CUmemoryPool pool) {
+  std::lock_guard lock(g_current_pool_mutex);
+  for (CUmemoryPool& p : g_current_pool)
+    if (p == pool) p = nullptr;
+}
 bool pool_kind(CUmemoryPool pool, Kind* kind, int* device) {
   uint64_t managed = 0, dev = 0;
   if (!handle_is(pool, "pool", &managed, &dev)) return false;
@@ -86,11 +103,11 @@ bool pool_kind(CUmemoryPool pool, Kind* kind, int* device) {
   return true;
 }
 
-// pool nullptr (cuMemAllocAsync): "the memory pool current to the stream's device", its
-// default pool (cuDeviceSetMemPool is not faked).
+// pool nullptr (cuMemAllocAsync): "the memory pool current to the stream's device"
+// (cuDeviceSetMemPool).
 CUresult alloc_async(Call& c, CUdeviceptr* dptr, size_t size, CUmemoryPool pool, CUstream stream) {
   Stream* s = stream_of(stream);
-  if (!pool && s) pool = default_pool(stream_device(s));
+  if (!pool && s) pool = current_pool(stream_device(s));
   c.dec("bytesize", size).ptr("pool", pool).stream(stream);
   FC_CHECK(c);
   Kind kind;
@@ -1092,8 +1109,24 @@ CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
     FC_CHECK(c);
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
     if (CUresult r = check_device(dev)) return r;
-    *pool = default_pool(dev);  // cuDeviceSetMemPool is not faked
+    *pool = current_pool(dev);
     c.ptr("pool", *pool);
+    return CUDA_SUCCESS;
+  });
+}
+
+// "The memory pool must be local to the specified device" (cuDeviceSetMemPool): a pool of
+// another device, or a managed one, is refused.
+CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  return api("cuDeviceSetMemPool", "cuDeviceSetMemPool", kNone, [&](Call& c) {
+    c.sdec("dev", dev).ptr("pool", pool);
+    FC_CHECK(c);
+    if (CUresult r = check_device(dev)) return r;
+    Kind kind;
+    int device = 0;
+    if (!pool || !pool_kind(pool, &kind, &device) || kind != Kind::Device || device != dev) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard lock(g_current_pool_mutex);
+    g_current_pool[dev] = pool == default_pool(dev) ? nullptr : pool;
     return CUDA_SUCCESS;
   });
 }
@@ -1124,7 +1157,9 @@ CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
     c.ptr("pool", pool);
     FC_CHECK(c);
     if (!pool || is_default_pool(pool)) return CUDA_ERROR_INVALID_VALUE;
-    return delete_handle(pool, "pool") ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!delete_handle(pool, "pool")) return CUDA_ERROR_INVALID_VALUE;
+    forget_current_pool(pool);
+    return CUDA_SUCCESS;
   });
 }
 

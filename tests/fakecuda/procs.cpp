@@ -65,6 +65,7 @@ const Proc kProcs[] = {
     PT(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz),
     P(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool),
     P(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool),
+    P(cuDeviceSetMemPool, 11020, cuDeviceSetMemPool),
     P(cuMemPoolCreate, 11020, cuMemPoolCreate),
     P(cuMemPoolDestroy, 11020, cuMemPoolDestroy),
     P(cuMemFree, 2000, cuMemFree),

@@ -4,9 +4,12 @@
 
 #include <string>
 
+#include "spillway/cancel.h"
+
 namespace spillway::detail {
 
 void write_log_line(LogLevel, std::string_view text) noexcept {
+  NoCancelScope no_cancel;  // write(2) is a cancellation point, and this function is noexcept
   try {
     std::string line;
     line.reserve(text.size() + 11);
