@@ -11,6 +11,7 @@
 
 #include "instant_backend.h"
 #include "spillway/engine.h"
+#include "policy_registry.h"
 
 namespace {
 

@@ -17,6 +17,7 @@
 #include "spillway/cupti_library.h"
 #include "spillway/policy.h"
 #include "spillway/size.h"
+#include "policy_registry.h"
 
 namespace spillway::cli {
 

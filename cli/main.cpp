@@ -1,6 +1,7 @@
 // spillway: the command-line front end.
 //   spillway run [options] -- CMD [ARGS...]   run CMD with libspillway.so preloaded
 //   spillway info [options] [--json]          what Spillway would do on this machine
+//   spillway policies [--json] [NAME...]      the policies and their tunables
 #include <algorithm>
 #include <unistd.h>
 
@@ -21,7 +22,9 @@
 #include "spillway/output_file.h"
 #include "spillway/policy.h"
 #include "info_command.h"
+#include "policies_command.h"
 #include "sim_commands.h"
+#include "policy_registry.h"
 
 namespace {
 
@@ -123,7 +126,8 @@ class SettingOptions {
         {"--budget", "SPILLWAY_BUDGET", "GPU bytes to plan for (SPILLWAY_BUDGET), e.g. 4GiB or 60%"},
         {"--max-managed", "SPILLWAY_MAX_MANAGED", "cap on total managed bytes (SPILLWAY_MAX_MANAGED), e.g. 24GiB or 80%"},
         {"--policy", "SPILLWAY_POLICY",
-         fmt::format("policy (SPILLWAY_POLICY): {} (default learned)", fmt::join(spillway::policy_names(), ", "))},
+         fmt::format("policy (SPILLWAY_POLICY): {} (default learned), optionally NAME:KEY=VALUE[,...] "
+                     "(spillway policies lists the tunables)", fmt::join(spillway::policy_names(), ", "))},
         {"--report", "SPILLWAY_REPORT",
          "write statistics as JSON to FILE at exit (SPILLWAY_REPORT; %p = process id, %r = rank)", true},
         {"--trace", "SPILLWAY_TRACE",
@@ -156,6 +160,9 @@ int run(const std::vector<std::pair<std::string, std::string>>& settings, const 
   for (const auto& [variable, value] : settings) {
     std::string err = spillway::set_option(config, variable, value, spillway::policy_names());
     if (!err.empty()) fail(2, err);
+  }
+  if (std::string err; !spillway::parse_policy_spec(config.policy, false, &err)) {
+    fail(2, fmt::format("invalid value '{}' for SPILLWAY_POLICY: {}", config.policy, err));
   }
   if (command.empty()) fail(2, "no command given: spillway run [options] -- CMD [ARGS...]");
   std::string shim = find_shim();
@@ -227,6 +234,13 @@ int main(int argc, char** argv) {
 
   spillway::cli::SimCommands sim_commands(app);  // `sweep` and `replay` (issue 3)
 
+  CLI::App* policies_cmd = app.add_subcommand(
+      "policies", "List the policies and their tunables (NAME:KEY=VALUE in --policy and SPILLWAY_POLICY).");
+  std::vector<std::string> policy_filter;
+  bool policies_json = false;
+  policies_cmd->add_option("names", policy_filter, "only these policies");
+  policies_cmd->add_flag("--json", policies_json, "print one JSON object instead of the table");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -235,6 +249,7 @@ int main(int argc, char** argv) {
 
   if (sim_commands.parsed()) return sim_commands.run();
   if (run_cmd->parsed()) return run(run_settings.settings(), command);
+  if (policies_cmd->parsed()) return spillway::cli::policies_command(policy_filter, policies_json);
   if (info_cmd->parsed()) return spillway::cli::info_command(info_settings.settings(), find_shim(), info_json);
   return 0;
 }

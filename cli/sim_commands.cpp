@@ -22,6 +22,7 @@
 #include "spillway/sim/simulator.h"
 #include "spillway/size.h"
 #include "spillway/trace.h"
+#include "policy_registry.h"
 
 namespace spillway::cli {
 
@@ -209,8 +210,9 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.sweep = app.add_subcommand("sweep",
                                "Simulate traces under each policy at each GPU capacity and print time against the lower bound.");
   o.sweep->add_option("traces", o.traces, "trace files (spillway-trace v1, .jsonl or .jsonl.gz)")->required();
-  o.sweep->add_option("--policy", o.policies, "policies, comma-separated [demand,advise,sequential,correlation,learned,oracle]")
-      ->delimiter(',');
+  o.sweep->add_option("--policy", o.policies,
+                      "policies, comma-separated, each NAME or NAME:KEY=VALUE[,KEY=VALUE...] (spillway policies lists the "
+                      "tunables) [demand,advise,sequential,correlation,learned,oracle]");
   o.sweep->add_option("--capacity", o.capacities,
                       "GPU capacities: fractions of the trace's peak footprint (0.5), percentages, or sizes (24GiB) [0.667,0.5]")
       ->delimiter(',');
@@ -228,7 +230,7 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
 
   o.replay = app.add_subcommand("replay", "Simulate one trace under one policy at one capacity; optionally write a timeline.");
   o.replay->add_option("trace", o.replay_trace, "trace file")->required();
-  o.replay->add_option("--policy", o.replay_policy, "policy [demand]");
+  o.replay->add_option("--policy", o.replay_policy, "policy: NAME or NAME:KEY=VALUE[,KEY=VALUE...] [demand]");
   o.replay->add_option("--capacity", o.replay_capacity, "GPU capacity: fraction of the peak, percentage or size [0.5]");
   o.replay->add_option("--allocator", o.allocators, "allocator view: none, pytorch, spillway or pytorch-exact [none]");
   o.replay->add_option("--timeline", o.timeline, "write a Chrome/Perfetto trace-event timeline (JSON) to FILE");
@@ -262,18 +264,27 @@ void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows) {
   }
 }
 
+// A CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& v) {
+  if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
+  std::string out = "\"";
+  for (char c : v) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
 void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows) {
   std::ofstream out(path);
   if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path));
   // bound_ns: the two-direction bound (spillway/sim/bound.h); h2d_bound_ns: the bound before
   // it, max(compute, MIN_H2D / B_h2d); cut_bound_ns: the cut bound alone.
   out << "trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
-         "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns\n";
+         "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns,policy_params\n";
   for (const auto& r : rows) {
-    out << fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{}\n", r.trace, r.policy, r.allocator, r.link,
-                       r.capacity_bytes, r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns, r.sim.h2d_bytes,
-                       r.sim.d2h_bytes, r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes, r.h2d_bound_ns,
-                       r.cut_bound_ns);
+    // (policy and policy_params hold commas when tunables are given: quoted, RFC 4180.)
+    out << fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{},{}\n", r.trace, csv_field(r.policy), r.allocator,
+                       r.link, r.capacity_bytes, r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns,
+                       r.sim.h2d_bytes, r.sim.d2h_bytes, r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes,
+                       r.h2d_bound_ns, r.cut_bound_ns, csv_field(r.policy_params));
   }
   if (!out) throw std::runtime_error(fmt::format("{}: write failed", path));
 }
@@ -288,13 +299,20 @@ std::uint64_t capacity_bytes(const CapacitySpec& c, const sim::CompiledTrace& t)
   return b;
 }
 
+// Each spec checked against its policy's tunables (prefetch/policy_registry.h): the first
+// bad one ends the command with its one-line message.
 void check_policies(const std::vector<std::string>& policies) {
   for (const std::string& p : policies) {
-    const auto& names = sim_policy_names();
-    if (std::find(names.begin(), names.end(), p) == names.end()) {
-      throw UsageError{fmt::format("unknown policy '{}': expected {}", p, fmt::join(names, ", "))};
-    }
+    std::string error;
+    if (!parse_policy_spec(p, true, &error)) throw UsageError{"--policy: " + error};
   }
+}
+
+std::vector<std::string> policy_list(const std::vector<std::string>& given) {
+  std::vector<std::string> out;
+  for (const std::string& g : given)
+    for (std::string& p : split_policy_list(g)) out.push_back(std::move(p));
+  return out;
 }
 
 // The allocator views asked for ([none] when none are), or a UsageError naming the bad one.
@@ -333,7 +351,7 @@ namespace {
 
 int run_sweep(SimCommands::Options& o) {
   auto start = std::chrono::steady_clock::now();
-  std::vector<std::string> policies = split(o.policies);
+  std::vector<std::string> policies = policy_list(o.policies);
   if (policies.empty()) for (auto n : sim_policy_names()) policies.emplace_back(n);
   check_policies(policies);
   std::vector<std::string> cap_text = split(o.capacities);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cuda_backend.h"
+#include "policy_registry.h"
 #include "spillway/cancel.h"
 #include "spillway/output_file.h"
 #include "spillway/report.h"
@@ -141,11 +142,16 @@ State& state() {
     s->config = cr.config;
     set_log_level(s->config.log_level);
     s->active = cr.errors.empty() && !s->config.disable;
+    std::string policy_error;
+    std::optional<PolicySpec> spec = parse_policy_spec(s->config.policy, false, &policy_error);
+    if (s->active && !spec) {
+      log(LogLevel::error, "invalid value '{}' for SPILLWAY_POLICY: {}; Spillway passes every call through",
+          s->config.policy, policy_error);
+      s->active = false;
+    }
     if (s->active) {
       // (One Policy instance per device's plan: engine.h, "One plan per device".)
-      const std::string name = s->config.policy;
-      if (make_policy(name)) s->engine = new Engine(s->config, s->backend, [name] { return make_policy(name); });
-      else s->active = false;
+      s->engine = new Engine(s->config, s->backend, [spec = *spec] { return make_policy(spec); });
       if (s->engine != nullptr && !s->config.trace_path.empty()) install_trace_recorder(*s->engine, s->config.trace_path);
     }
     g_state = s;

@@ -275,30 +275,4 @@ bool OraclePolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) {
   return furthest_unpinned(resident_, query, &victim_hint_, &hint_valid_, victim);
 }
 
-// ---- registry ----
-
-const std::vector<std::string_view>& policy_names() {
-  static const std::vector<std::string_view> names{"demand", "advise", "sequential", "correlation", "learned"};
-  return names;
-}
-
-std::unique_ptr<Policy> make_policy(std::string_view name) {
-  if (name == "demand") return std::make_unique<DemandPolicy>();
-  if (name == "advise") return std::make_unique<AdvisePolicy>();
-  if (name == "sequential") return std::make_unique<SequentialPolicy>();
-  if (name == "correlation") return std::make_unique<CorrelationPolicy>();
-  if (name == "learned") return std::make_unique<LearnedPolicy>();
-  return nullptr;  // includes "oracle": it needs the future, which only the simulator has
-}
-
-const std::vector<std::string_view>& sim_policy_names() {
-  static const std::vector<std::string_view> names{"demand", "advise", "sequential", "correlation", "learned", "oracle"};
-  return names;
-}
-
-std::unique_ptr<Policy> make_sim_policy(std::string_view name, const OracleFuture* future) {
-  if (name == "oracle") return future != nullptr ? std::make_unique<OraclePolicy>(*future) : nullptr;
-  return make_policy(name);
-}
-
 }  // namespace spillway

@@ -179,7 +179,5 @@ class OraclePolicy final : public Policy {
 
 // Simulator-side factory: every policy of policy_names() plus `oracle` (which needs
 // `future`; nullptr for any other). nullptr for an unknown name.
-const std::vector<std::string_view>& sim_policy_names();
-std::unique_ptr<Policy> make_sim_policy(std::string_view name, const OracleFuture* future);
 
 }  // namespace spillway

@@ -492,6 +492,26 @@ TEST(Settings, BadPolicyIsOneLineAndTheProgramRunsWithDeviceMemory) {
   EXPECT_NE(r.err.find("advise"), std::string::npos) << r.err;
 }
 
+// Tunables in SPILLWAY_POLICY (prefetch/policy_registry.h): a valid spec runs that policy; an
+// unknown key or a value out of range is one line naming the key and what it accepts, and the
+// program runs with device memory.
+TEST(Settings, PolicyTunablesAreCheckedOnceAndOneLineNamesTheKey) {
+  RunResult ok = program("alloc_paths", {"cuMemAlloc"}, fake_env(true, {{"SPILLWAY_POLICY", "learned:context=4,slack_ns=0"}}));
+  EXPECT_EQ(ok.status, 0) << describe(ok);
+  EXPECT_EQ(field(ok.out, "managed"), "1");
+  EXPECT_EQ(ok.err, "");
+  RunResult bad = program("alloc_paths", {"cuMemAlloc"}, fake_env(true, {{"SPILLWAY_POLICY", "learned:context=0"}}));
+  EXPECT_EQ(bad.status, 0) << describe(bad);
+  EXPECT_EQ(field(bad.out, "managed"), "0");
+  ASSERT_EQ(bad.err_lines().size(), 1u) << bad.err;
+  EXPECT_NE(bad.err.find("SPILLWAY_POLICY"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("learned:context: expected a whole number from 1 to 1024"), std::string::npos) << bad.err;
+  RunResult key = program("alloc_paths", {"cuMemAlloc"}, fake_env(true, {{"SPILLWAY_POLICY", "sequential:detph=3"}}));
+  EXPECT_EQ(field(key.out, "managed"), "0");
+  ASSERT_EQ(key.err_lines().size(), 1u) << key.err;
+  EXPECT_NE(key.err.find("unknown key 'detph': policy sequential has depth, max_log"), std::string::npos) << key.err;
+}
+
 TEST(Settings, DisablePassesEverythingThrough) {
   RunResult r = program("alloc_paths", {"cuMemAlloc"}, fake_env(true, {{"SPILLWAY_DISABLE", "1"}}));
   EXPECT_EQ(r.status, 0) << describe(r);

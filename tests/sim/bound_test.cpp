@@ -14,6 +14,7 @@
 #include "spillway/sim/bound.h"
 #include "spillway/sim/simulator.h"
 #include "trace_builder.h"
+#include "policy_registry.h"
 
 namespace spillway::sim {
 namespace {

@@ -16,6 +16,7 @@
 #include "policies.h"
 #include "instant_backend.h"
 #include "spillway/engine.h"
+#include "policy_registry.h"
 
 namespace spillway {
 namespace {

@@ -17,6 +17,7 @@
 #include "spillway/engine.h"
 #include "spillway/sim/simulator.h"
 #include "trace_builder.h"
+#include "policy_registry.h"
 
 namespace spillway::sim {
 namespace {

@@ -11,6 +11,7 @@
 #include "policies.h"
 #include "spillway/sim/simulator.h"
 #include "trace_builder.h"
+#include "policy_registry.h"
 
 namespace spillway::sim {
 namespace {

@@ -25,6 +25,7 @@
 #include "spillway/engine.h"
 #include "spillway/sim/simulator.h"
 #include "spillway/trace.h"
+#include "policy_registry.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define SPILLWAY_SANITIZED 1

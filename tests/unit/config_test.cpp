@@ -12,6 +12,7 @@
 
 #include "spillway/output_file.h"
 #include "spillway/policy.h"
+#include "policy_registry.h"
 
 namespace spillway {
 namespace {

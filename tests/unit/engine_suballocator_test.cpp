@@ -12,6 +12,7 @@
 #include "../support/instant_backend.h"
 #include "spillway/engine.h"
 #include "spillway/policy.h"
+#include "policy_registry.h"
 
 namespace spillway {
 namespace {

@@ -17,6 +17,7 @@
 
 #include "spillway/policy.h"
 #include "spillway/report.h"
+#include "policy_registry.h"
 
 namespace spillway {
 namespace {

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "policy_registry.h"
+
 namespace spillway::sim {
 
 LowerBound lower_bound(const CompiledTrace& trace, const SimParams& params) {
@@ -63,14 +65,20 @@ OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chun
   return f;
 }
 
-CellResult run_cell(const CompiledTrace& trace, const std::string& policy_name, const SimParams& params,
+CellResult run_cell(const CompiledTrace& trace, const std::string& policy_text, const SimParams& params,
                     std::vector<Span>* spans, const LowerBound* bound) {
   const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
+  std::string error;
+  std::optional<PolicySpec> spec = parse_policy_spec(policy_text, true, &error);
+  if (!spec) throw std::invalid_argument(error);
   OracleFuture future;
-  if (policy_name == "oracle") future = make_future(trace, capacity_chunks);
-  std::unique_ptr<Policy> policy = make_sim_policy(policy_name, &future);
-  if (!policy) throw std::invalid_argument(fmt::format("unknown policy '{}'", policy_name));
-  return run_cell(trace, std::move(policy), params, spans, bound);
+  if (spec->name == "oracle") future = make_future(trace, capacity_chunks);
+  std::unique_ptr<Policy> policy = make_sim_policy(*spec, &future);
+  if (!policy) throw std::invalid_argument(fmt::format("unknown policy '{}'", policy_text));
+  CellResult r = run_cell(trace, std::move(policy), params, spans, bound);
+  r.policy = spec->text();
+  r.policy_params = spec->full_text();
+  return r;
 }
 
 CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,

@@ -38,9 +38,14 @@ std::string lower(std::string_view s) {
 // Each parse_<field> returns true when `value` is valid and stores it.
 using Names = std::vector<std::string_view>;
 
+// A policy spec: NAME or NAME:KEY=VALUE[,...] (prefetch/policy_registry.h). Here the name
+// is checked; its tunables are checked where the policy is made (the shim at start, the
+// `spillway` command), which knows them.
 bool parse_policy(Config& c, std::string_view value, const Names& names) {
   std::string v = lower(trimmed(value));
-  if (std::find(names.begin(), names.end(), v) == names.end()) return false;
+  const std::string_view name = std::string_view(v).substr(0, v.find(':'));
+  if (std::find(names.begin(), names.end(), name) == names.end()) return false;
+  if (name.size() != v.size() && name.size() + 1 == v.size()) return false;  // "learned:" and nothing after
   c.policy = v;
   return true;
 }
@@ -222,7 +227,8 @@ std::string printable(std::string_view text) {
 
 std::string accepted_text(const Row& row, const Names& policy_names) {
   if (row.info.field != "policy") return std::string(row.info.accepted);
-  return fmt::format("one of {}", fmt::join(policy_names, ", "));
+  return fmt::format("one of {}, optionally followed by :KEY=VALUE[,KEY=VALUE...] (spillway policies)",
+                     fmt::join(policy_names, ", "));
 }
 
 }  // namespace

@@ -143,11 +143,6 @@ class Policy {
   virtual void limit_state(std::uint64_t bytes) { (void)bytes; }
 };
 
-// The policies the shim accepts, by name (prefetch/policies.cpp). The simulator-only
-// `oracle` is not among them: make_policy() refuses it (see prefetch/policies.h,
-// make_sim_policy()).
-const std::vector<std::string_view>& policy_names();
-// A new instance of policy `name`; nullptr for an unknown (or simulator-only) name.
-std::unique_ptr<Policy> make_policy(std::string_view name);
+// The policies by name, with their tunables: prefetch/policy_registry.h.
 
 }  // namespace spillway

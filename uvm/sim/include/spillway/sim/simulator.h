@@ -39,7 +39,8 @@ std::uint64_t lower_bound_ns(const CompiledTrace& trace, const SimParams& params
 
 struct CellResult {
   std::string trace;          // CompiledTrace::name
-  std::string policy;
+  std::string policy;          // the policy's spec as given, defaults left out (`learned:context=16`)
+  std::string policy_params;   // every tunable with its value (PolicySpec::full_text), "" for an instance
   std::string allocator;      // the trace's allocator view (to_string(AllocatorView))
   std::string link;
   std::uint64_t capacity_bytes = 0;
@@ -55,11 +56,12 @@ struct CellResult {
 // The oracle's view of `trace` (every launch's chunks with next uses) at `capacity_chunks`.
 spillway::OracleFuture make_future(const CompiledTrace& trace, std::uint64_t capacity_chunks);
 
-// Runs `policy` (any of sim_policy_names()) over `trace` at params.capacity_bytes.
+// Runs `policy` (a spec: any of sim_policy_names(), with tunables as
+// NAME:KEY=VALUE,...; prefetch/policy_registry.h) over `trace` at params.capacity_bytes.
 // Deterministic. With `spans`, records the timeline there. `bound`, when given, is
 // lower_bound() of this trace's `none` view at these parameters, computed earlier (the sweep
 // shares it among policies); otherwise it is computed on `trace`.
-// Throws std::invalid_argument for an unknown policy. Thread-safe for distinct calls (the
+// Throws std::invalid_argument for an invalid spec (the one-line message of parse_policy_spec). Thread-safe for distinct calls (the
 // trace is only read).
 CellResult run_cell(const CompiledTrace& trace, const std::string& policy, const SimParams& params,
                     std::vector<Span>* spans = nullptr, const LowerBound* bound = nullptr);
