@@ -6,13 +6,15 @@
 // synchronises with it).
 //   destroyed_stream [driver|runtime]  a 48 MiB block is filled by a kernel on a stream
 //                     (non-blocking; the runtime's cudaStreamCreate: blocking), freed on it
-//                     (cuMemFreeAsync / cudaFreeAsync), the stream destroyed, and 48 MiB
-//                     allocated again. Prints "reused=0|1 pending=0|1".
+//                     (cuMemFreeAsync / cudaFreeAsync) and the stream destroyed; in a second
+//                     context 48 MiB are allocated, the context synchronised, and 48 MiB
+//                     allocated again. Prints "reused=0|1 pending=0|1" ("reused": either got
+//                     the freed block; "pending": the kernel had not completed by then).
 //   other_context copy|carve  a second context on the device, with no launch of its own,
 //                     either copies into a 48 MiB block of the first (cuMemcpyAsync on its
 //                     legacy stream), or allocates a 48 MiB block itself and prefetches it
-//                     there; the block is freed and 48 MiB allocated again in the first
-//                     context. Prints "reused=0|1 pending=0|1".
+//                     there; the block is freed; the first context allocates 48 MiB,
+//                     synchronises, allocates 48 MiB again. Prints "reused=0|1 pending=0|1".
 //   open_capture nonblocking|blocking  a capture is begun on a stream of that kind, a
 //                     kernel on a 4 MiB block X captured, and the capture left open; 40
 //                     rounds of allocate 48 MiB + free run meanwhile (prints "rounds=N"); X
@@ -26,6 +28,7 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -89,6 +92,35 @@ Runtime load_runtime() {
     }                                                                              \
   } while (0)
 
+// The next two modes free a block while work that may use it is pending, then allocate in
+// another context, which records the fence of the freed block there (and the shim's own
+// streams with it), synchronise that context and allocate again: a reuse of the block while
+// the work is still pending is the bug ("reused=1 pending=1"); a reuse after it completed
+// (the synchronisation waited for it through the fence) or none is right.
+void allocate_twice_elsewhere(CUcontext other, CUdeviceptr freed, const std::function<bool()>& pending) {
+  CHECK(cuCtxPushCurrent(other));
+  CUdeviceptr q = 0, r = 0;
+  CHECK(cuMemAlloc(&q, kBig));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemAlloc(&r, kBig));
+  const bool still_pending = pending();
+  std::printf("reused=%d pending=%d\n", q == freed || r == freed, still_pending);
+  CHECK(cuMemFree(q));
+  CHECK(cuMemFree(r));
+  CUcontext popped = nullptr;
+  CHECK(cuCtxPopCurrent(&popped));
+}
+
+CUcontext created_context() {
+  CUdevice dev = 0;
+  CHECK(cuDeviceGet(&dev, 0));
+  CUcontext c = nullptr;
+  CHECK(cuCtxCreate(&c, nullptr, 0, dev));
+  CUcontext popped = nullptr;
+  CHECK(cuCtxPopCurrent(&popped));
+  return c;
+}
+
 int destroyed_stream(bool runtime) {
   primary0();
   CUfunction f = load_fill();
@@ -115,12 +147,10 @@ int destroyed_stream(bool runtime) {
     CHECK(cuMemFreeAsync(p, s));
     CHECK(cuStreamDestroy(s));
   }
-  CUdeviceptr q = 0;
-  CHECK(cuMemAlloc(&q, kBig));
-  const bool pending = cuEventQuery(after_fill) == CUDA_ERROR_NOT_READY;
-  std::printf("reused=%d pending=%d\n", q == p, pending);
+  CUcontext other = created_context();
+  allocate_twice_elsewhere(other, p, [&] { return cuEventQuery(after_fill) == CUDA_ERROR_NOT_READY; });
   CHECK(cuCtxSynchronize());
-  CHECK(cuMemFree(q));
+  CHECK(cuCtxDestroy(other));
   return 0;
 }
 
@@ -130,10 +160,8 @@ int other_context(bool copy) {
   CHECK(cuMemAlloc(&first, 4096));  // (the first context's allocation)
   CHECK(cuMemAlloc(&src, 1 << 20));
   if (copy) CHECK(cuMemAlloc(&p, kBig));
-  CUcontext b = nullptr;
-  CUdevice dev = 0;
-  CHECK(cuDeviceGet(&dev, 0));
-  CHECK(cuCtxCreate(&b, nullptr, 0, dev));  // current now
+  CUcontext b = created_context();
+  CHECK(cuCtxPushCurrent(b));
   if (copy) {
     CHECK(cuMemcpyAsync(p, src, 1 << 20, nullptr));
   } else {
@@ -146,16 +174,20 @@ int other_context(bool copy) {
   }
   CUcontext popped = nullptr;
   CHECK(cuCtxPopCurrent(&popped));
-  CHECK(cuCtxSetCurrent(a));
   if (copy) CHECK(cuMemFree(p));
-  CUdeviceptr q = 0;
+  // (The first context records the fence and synchronises: the other's work is pending.)
+  CUdeviceptr q = 0, r = 0;
+  CHECK(cuCtxSetCurrent(a));
   CHECK(cuMemAlloc(&q, kBig));
+  CHECK(cuCtxSynchronize());
+  CHECK(cuMemAlloc(&r, kBig));
   CHECK(cuCtxPushCurrent(b));
   const bool pending = cuStreamQuery(nullptr) == CUDA_ERROR_NOT_READY;
   CHECK(cuCtxSynchronize());
   CHECK(cuCtxPopCurrent(&popped));
-  std::printf("reused=%d pending=%d\n", q == p, pending);
+  std::printf("reused=%d pending=%d\n", q == p || r == p, pending);
   CHECK(cuMemFree(q));
+  CHECK(cuMemFree(r));
   CHECK(cuMemFree(src));
   CHECK(cuMemFree(first));
   CHECK(cuCtxDestroy(b));
