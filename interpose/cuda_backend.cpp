@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <array>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace spillway::interpose {
@@ -253,62 +256,8 @@ LaunchOrderScope::~LaunchOrderScope() { t_order = nullptr; }
 std::unique_lock<std::mutex> lock_launch_streams() { return std::unique_lock<std::mutex>(g_streams_mutex); }
 
 namespace {
-// Non-blocking streams the program created (cuStreamCreate / cuStreamCreateWithPriority with
-// CU_STREAM_NON_BLOCKING): a fence records an event on each, since the legacy default stream
-// does not follow them. Guarded by g_streams_mutex.
-std::vector<std::pair<CUstream, CUcontext>>& g_nonblocking = *new std::vector<std::pair<CUstream, CUcontext>>;
-}  // namespace
 
-void note_stream_created(CUstream stream, unsigned flags) {
-  if (stream == nullptr || (flags & CU_STREAM_NON_BLOCKING) == 0) return;
-  CUcontext ctx = nullptr;  // (a stream belongs to the context current at its creation)
-  {
-    ShimCallScope scope;
-    if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
-  }
-  note_current_context();
-  std::lock_guard lock(g_streams_mutex);
-  g_nonblocking.emplace_back(stream, ctx);
-}
-
-void forget_context(CUcontext ctx) {
-  std::lock_guard lock(g_streams_mutex);
-  g_contexts_forgotten.fetch_add(1, std::memory_order_acq_rel);
-  {
-    std::lock_guard registry(g_contexts_mutex);
-    std::erase_if(g_contexts, [ctx](const auto& c) { return c.first == ctx; });
-  }
-  std::erase_if(g_nonblocking, [ctx](const auto& s) { return s.second == ctx; });
-  backend_instance().forget_streams_of(ctx);
-}
-
-void forget_device_contexts(int device) {
-  std::vector<CUcontext> gone;
-  {
-    std::lock_guard registry(g_contexts_mutex);
-    for (const auto& [ctx, d] : g_contexts) {
-      if (d == device) gone.push_back(ctx);
-    }
-  }
-  for (CUcontext ctx : gone) forget_context(ctx);
-}
-
-void forget_launch_stream(CUstream stream) {
-  std::lock_guard lock(g_streams_mutex);
-  for (auto& slot : g_streams) {
-    if (slot.second != 0 && slot.first == stream) slot = {nullptr, 0};
-  }
-  std::erase_if(g_nonblocking, [stream](const auto& s) { return s.first == stream; });
-}
-
-namespace {
-
-// A fence (Backend::record_fence): the events it waits for, all complete once it is, each
-// with the context it was created in.
-struct FenceRecord {
-  std::vector<std::pair<CUcontext, CUevent>> events;
-};
-
+// ---- fence events ----------------------------------------------------------------------
 // Events for fences, reused per context (an event is recorded only on a stream of its own
 // context; never destroyed: the driver may be unloading at exit, and a destroyed context
 // takes its events with it).
@@ -346,6 +295,252 @@ void forget_fence_events(CUcontext ctx) {
   std::erase_if(g_fence_events, [ctx](const auto& e) { return e.first == ctx; });
 }
 
+// One recorded fence event, shared by the fences that include it and by what it stands for
+// (a stream's last fence event, a destroyed stream's tail), back to the pool when the last
+// holder lets go. `done`: seen complete (it stays so: it is never recorded again while held).
+struct FenceEvent {
+  FenceEvent(CUcontext c, CUevent e) : ctx(c), event(e) {}
+  ~FenceEvent() { give_back({{ctx, event}}); }
+  FenceEvent(const FenceEvent&) = delete;
+  FenceEvent& operator=(const FenceEvent&) = delete;
+  const CUcontext ctx;
+  const CUevent event;
+  std::atomic<bool> done{false};
+};
+using FenceEventPtr = std::shared_ptr<FenceEvent>;
+
+// A fence (Backend::record_fence): the events it waits for, all complete once it is.
+struct FenceRecord {
+  std::vector<FenceEventPtr> events;
+};
+
+// An event recorded on `stream` of the current context `ctx` now; null (and *r the error)
+// when none could be.
+FenceEventPtr record_on(CUcontext ctx, CUstream stream, CUresult* r) {
+  CUevent e = fence_event(ctx);
+  if (e == nullptr) {
+    *r = CUDA_ERROR_OUT_OF_MEMORY;
+    return nullptr;
+  }
+  *r = real().cuEventRecord(e, stream);
+  if (*r != CUDA_SUCCESS) {
+    give_back({{ctx, e}});  // (kept only while its context is registered: give_back)
+    return nullptr;
+  }
+  return std::make_shared<FenceEvent>(ctx, e);
+}
+
+// Runs `fn` with `ctx` current (pushed when it is not the current one); false when it could
+// not be made current.
+template <typename Fn>
+bool in_context(CUcontext ctx, Fn&& fn) {
+  CUcontext current = nullptr;
+  if (real().cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) {
+    fn();
+    return true;
+  }
+  if (ctx == nullptr || real().cuCtxPushCurrent_v2 == nullptr || real().cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) return false;
+  fn();
+  CUcontext popped = nullptr;
+  real().cuCtxPopCurrent_v2(&popped);
+  return true;
+}
+
+// ---- the program's streams -------------------------------------------------------------
+// Every stream the program created (cuStreamCreate, cuStreamCreateWithPriority), so that a
+// fence costs by the streams with work since the last fence, not by the streams ever made:
+// a stream is fenced with a new event only when the hooks saw work issued to it since its
+// last fence event (launches, graph launches, the hooked copies and memsets); otherwise a
+// fence includes that last event until it is seen complete, and then nothing. A blocking
+// stream is followed by its context's legacy default stream (CUDA Programming Guide,
+// "Default Stream", "Implicit Synchronization"), so it is fenced on its own only while a
+// capture keeps that legacy stream from being used. Guarded by g_streams_mutex.
+struct KnownStream {
+  CUcontext ctx = nullptr;  // the context current at its creation, which it belongs to
+  bool blocking = true;     // created without CU_STREAM_NON_BLOCKING
+  bool dirty = false;       // work seen since `last` was recorded
+  FenceEventPtr last;       // its last fence event, until seen complete
+};
+std::unordered_map<CUstream, KnownStream>& g_known = *new std::unordered_map<CUstream, KnownStream>;
+// The streams a fence looks at: dirty, or with a last event not yet seen complete.
+std::vector<CUstream>& g_active = *new std::vector<CUstream>;
+// Events every fence includes until they are seen complete, for work that can no longer be
+// fenced by recording on its stream: a destroyed stream's work (cuStreamDestroy: "the
+// resources associated with the stream will be released automatically once the device has
+// completed all work in the stream" — the work still runs), and the work issued before a
+// capture began to the capturing stream and to the legacy stream the capture blocks.
+std::vector<FenceEventPtr>& g_tails = *new std::vector<FenceEventPtr>;
+constexpr std::size_t kTailsBeforePrune = 64;
+// Captures begun through the hooks and not ended: the stream, and the context whose legacy
+// stream it keeps from use (a blocking stream's; nullptr for a non-blocking one): work on
+// the legacy stream while a blocking stream of its context is captured would join the
+// capture (CUDA Programming Guide, "Stream Capture", "Prohibited and Unhandled Operations").
+std::vector<std::pair<CUstream, CUcontext>>& g_capturing = *new std::vector<std::pair<CUstream, CUcontext>>;
+
+bool is_default(CUstream s) { return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD; }
+
+bool legacy_captured_locked(CUcontext ctx) {
+  return std::any_of(g_capturing.begin(), g_capturing.end(), [ctx](const auto& c) { return c.second == ctx; });
+}
+
+void mark_active_locked(CUstream s, KnownStream& k) {
+  if (!k.dirty && k.last == nullptr) g_active.push_back(s);
+}
+
+// Tails seen complete leave; with `query`, each is asked first (bounds them when the program
+// destroys many streams between fences).
+void prune_tails_locked(bool query) {
+  std::erase_if(g_tails, [query](const FenceEventPtr& t) {
+    if (!t->done && query && real().cuEventQuery(t->event) != CUDA_ERROR_NOT_READY) t->done = true;
+    return t->done.load();
+  });
+}
+
+// Whether `stream` is being captured now (any capture may have drawn it in through an
+// event); only asked while some capture is in progress.
+bool capturing_now(CUstream stream) {
+  if (!captures_in_progress()) return false;
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return real().cuStreamIsCapturing == nullptr || real().cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS ||
+         status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+}  // namespace
+
+void note_stream_created(CUstream stream, unsigned flags) {
+  if (stream == nullptr) return;
+  CUcontext ctx = nullptr;  // (a stream belongs to the context current at its creation)
+  {
+    ShimCallScope scope;
+    if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+  }
+  note_current_context();
+  std::lock_guard lock(g_streams_mutex);
+  KnownStream& k = g_known[stream];  // (a handle the driver gives out again replaces the old entry)
+  k = KnownStream{ctx, (flags & CU_STREAM_NON_BLOCKING) == 0, false, nullptr};
+}
+
+void note_stream_work(CUstream stream) {
+  {
+    ShimCallScope scope;
+    note_current_context();
+  }
+  if (is_default(stream)) return;
+  std::lock_guard lock(g_streams_mutex);
+  auto it = g_known.find(stream);
+  if (it == g_known.end() || it->second.dirty) return;
+  mark_active_locked(stream, it->second);
+  it->second.dirty = true;
+}
+
+void note_context_used() {
+  ShimCallScope scope;
+  note_current_context();
+}
+
+void forget_context(CUcontext ctx) {
+  std::lock_guard lock(g_streams_mutex);
+  g_contexts_forgotten.fetch_add(1, std::memory_order_acq_rel);
+  {
+    std::lock_guard registry(g_contexts_mutex);
+    std::erase_if(g_contexts, [ctx](const auto& c) { return c.first == ctx; });
+  }
+  // (Its streams and events went with it: their events are not pooled again, give_back.)
+  std::erase_if(g_known, [ctx](const auto& s) { return s.second.ctx == ctx; });
+  std::erase_if(g_active, [](CUstream s) { return !g_known.contains(s); });
+  std::erase_if(g_tails, [ctx](const FenceEventPtr& t) { return t->ctx == ctx; });
+  std::erase_if(g_capturing, [ctx](const auto& c) { return c.second == ctx; });
+  backend_instance().forget_streams_of(ctx);
+}
+
+void forget_device_contexts(int device) {
+  std::vector<CUcontext> gone;
+  {
+    std::lock_guard registry(g_contexts_mutex);
+    for (const auto& [ctx, d] : g_contexts) {
+      if (d == device) gone.push_back(ctx);
+    }
+  }
+  for (CUcontext ctx : gone) forget_context(ctx);
+}
+
+namespace {
+
+// (g_streams_mutex held.) `stream`, which belongs to `ctx` (nullptr: unknown, the current
+// context's), is about to be destroyed or captured: an event after its work so far joins the
+// tails. Nothing for a stream being captured (its captured work does not run) or one the
+// driver does not know (it refuses the call); `last` stands in when no event can be recorded.
+void keep_tail_locked(CUstream stream, CUcontext ctx, const FenceEventPtr& last) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (real().cuStreamIsCapturing == nullptr || real().cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS ||
+      status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return;
+  }
+  if (ctx == nullptr && real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) return;
+  FenceEventPtr tail;
+  CUresult r = CUDA_SUCCESS;
+  in_context(ctx, [&] { tail = record_on(ctx, stream, &r); });
+  if (tail == nullptr) tail = last;
+  if (tail != nullptr && !tail->done) g_tails.push_back(std::move(tail));
+  if (g_tails.size() >= kTailsBeforePrune) prune_tails_locked(true);
+}
+
+}  // namespace
+
+void forget_launch_stream(CUstream stream) {
+  ShimCallScope scope;
+  RelaxedCaptureMode relaxed;
+  std::lock_guard lock(g_streams_mutex);
+  for (auto& slot : g_streams) {
+    if (slot.second != 0 && slot.first == stream) slot = {nullptr, 0};
+  }
+  if (is_default(stream)) return;
+  KnownStream known;
+  if (auto it = g_known.find(stream); it != g_known.end()) {
+    known = std::move(it->second);
+    g_known.erase(it);
+    std::erase(g_active, stream);
+  }
+  keep_tail_locked(stream, known.ctx, known.last);
+}
+
+void note_capture_beginning_locked(CUstream stream) {
+  ShimCallScope scope;
+  RelaxedCaptureMode relaxed;
+  CUcontext ctx = nullptr;
+  bool blocking = true;
+  if (auto it = g_known.find(stream); it != g_known.end()) {
+    ctx = it->second.ctx;
+    blocking = it->second.blocking;
+  }
+  keep_tail_locked(stream, ctx, nullptr);
+  if (!blocking) return;
+  if (ctx == nullptr && real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) return;
+  if (!legacy_captured_locked(ctx)) keep_tail_locked(CU_STREAM_LEGACY, ctx, nullptr);
+}
+
+void note_capture_begun_locked(CUstream stream) {
+  CUcontext ctx = nullptr;
+  if (auto it = g_known.find(stream); it != g_known.end()) {
+    if (!it->second.blocking) {
+      g_capturing.emplace_back(stream, nullptr);
+      return;
+    }
+    ctx = it->second.ctx;
+  }
+  ShimCallScope scope;
+  if (ctx == nullptr && real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+  g_capturing.emplace_back(stream, ctx);
+}
+
+void note_capture_ended(CUstream stream) {
+  std::lock_guard lock(g_streams_mutex);
+  auto it = std::find_if(g_capturing.begin(), g_capturing.end(), [stream](const auto& c) { return c.first == stream; });
+  if (it != g_capturing.end()) g_capturing.erase(it);
+}
+
+namespace {
+
 using DiscardBatchFn = CUresult (*)(CUdeviceptr*, size_t*, size_t, unsigned long long, CUstream);
 
 // cuMemDiscardBatchAsync (CUDA 13.0), resolved once through the driver's own cuGetProcAddress;
@@ -364,6 +559,89 @@ DiscardBatchFn discard_batch() {
   return fn;
 }
 
+// (g_streams_mutex held, ctx current.) One stream of the program for a fence: a new event if
+// work was seen on it since its last, else that last one until it is seen complete.
+CUresult fence_stream_locked(CUcontext ctx, CUstream s, KnownStream& k, FenceRecord& rec) {
+  if (k.dirty) {
+    if (capturing_now(s)) {
+      k.dirty = false;  // (captured work does not run now; what came before is a tail)
+      return CUDA_SUCCESS;
+    }
+    CUresult r = CUDA_SUCCESS;
+    FenceEventPtr e = record_on(ctx, s, &r);
+    if (e == nullptr) return r;
+    k.last = e;
+    k.dirty = false;
+    rec.events.push_back(std::move(e));
+    return CUDA_SUCCESS;
+  }
+  if (k.last != nullptr && !k.last->done) rec.events.push_back(k.last);
+  return CUDA_SUCCESS;
+}
+
+// (g_streams_mutex held, ctx current.) A context's work: its legacy default stream (unless a
+// capture keeps it from use: then its blocking streams one by one), its streams with work
+// since their last fence, and the shim's own streams there (a prefetch may still be copying
+// a range the fence frees).
+CUresult fence_context_locked(CUcontext ctx, FenceRecord& rec) {
+  const bool legacy_captured = legacy_captured_locked(ctx);
+  CUresult r = CUDA_SUCCESS;
+  if (!legacy_captured) {
+    FenceEventPtr e = record_on(ctx, CU_STREAM_LEGACY, &r);
+    if (e == nullptr) return r;
+    rec.events.push_back(std::move(e));
+  }
+  for (CUstream s : g_active) {
+    KnownStream& k = g_known[s];
+    if (k.ctx != ctx || (k.blocking && !legacy_captured)) continue;
+    if (r = fence_stream_locked(ctx, s, k, rec); r != CUDA_SUCCESS) return r;
+  }
+  for (CUstream s : backend_instance().own_streams_of(ctx)) {
+    FenceEventPtr e = record_on(ctx, s, &r);
+    if (e == nullptr) return r;
+    rec.events.push_back(std::move(e));
+  }
+  return CUDA_SUCCESS;
+}
+
+// (g_streams_mutex held.) Streams that need no fence any more leave the active list.
+void settle_active_locked() {
+  std::erase_if(g_active, [](CUstream s) {
+    KnownStream& k = g_known[s];
+    if (k.last != nullptr && k.last->done) k.last.reset();
+    return !k.dirty && k.last == nullptr;
+  });
+}
+
+// (g_streams_mutex held.) Every registered context's work, `current` first. A context that
+// is no longer active (a primary context reset or released for the last time: its work is
+// complete or gone with it; a destroyed one left the registry in the cuCtxDestroy hook) is
+// skipped, with the events recorded in it so far, so that no range stays parked for ever.
+// Any other failure fails the fence (it is tried again later): a live context's work is
+// never left out.
+CUresult fence_all_locked(CUcontext current, FenceRecord& rec) {
+  if (CUresult r = fence_context_locked(current, rec); r != CUDA_SUCCESS) return r;
+  std::vector<CUcontext> others;
+  {
+    std::lock_guard registry(g_contexts_mutex);
+    for (const auto& [ctx, d] : g_contexts) {
+      if (ctx != current) others.push_back(ctx);
+    }
+  }
+  for (CUcontext ctx : others) {
+    const std::size_t before = rec.events.size();
+    CUresult r = CUDA_SUCCESS;
+    if (!in_context(ctx, [&] { r = fence_context_locked(ctx, rec); })) continue;
+    if (r == CUDA_SUCCESS) continue;
+    if (r != CUDA_ERROR_CONTEXT_IS_DESTROYED && r != CUDA_ERROR_INVALID_CONTEXT && r != CUDA_ERROR_DEINITIALIZED) return r;
+    rec.events.resize(before);
+  }
+  prune_tails_locked(false);
+  rec.events.insert(rec.events.end(), g_tails.begin(), g_tails.end());
+  settle_active_locked();
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::uint64_t* discard_bytes, std::size_t count,
@@ -380,68 +658,12 @@ Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::u
   }
   note_current_context();
   auto record = std::make_unique<FenceRecord>();
-  auto fail = [&](CUresult r) {
-    give_back(record->events);
-    return from_cuda(r);
-  };
-  // (With `ctx` current.)
-  auto on = [&](CUcontext ctx, CUstream stream) -> CUresult {
-    CUevent e = fence_event(ctx);
-    if (e == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = real().cuEventRecord(e, stream);
-    if (r != CUDA_SUCCESS) {
-      give_back({{ctx, e}});  // (kept only while its context is registered: give_back)
-      return r;
-    }
-    record->events.emplace_back(ctx, e);
-    return CUDA_SUCCESS;
-  };
-  // Every context's work: its legacy default stream, the non-blocking streams made in it, and
-  // the shim's own streams there (a prefetch may still be copying a range the fence frees).
-  auto on_context = [&](CUcontext ctx) -> CUresult {
-    if (CUresult r = on(ctx, CU_STREAM_LEGACY); r != CUDA_SUCCESS) return r;
-    for (const auto& [s, c] : g_nonblocking) {
-      if (c != ctx) continue;
-      if (CUresult r = on(ctx, s); r != CUDA_SUCCESS) return r;
-    }
-    for (CUstream s : own_streams_of(ctx)) {
-      if (CUresult r = on(ctx, s); r != CUDA_SUCCESS) return r;
-    }
-    return CUDA_SUCCESS;
-  };
   {
     // Under the registry's lock: no capture begins and no registered stream is destroyed
-    // meanwhile. While a capture is in progress the legacy stream may not be used (it would
-    // join the capture of any blocking stream: Programming Guide, "Stream Capture"): later.
+    // meanwhile. A capture in progress keeps only what it holds from being fenced: its own
+    // stream, and the legacy stream of its context (their earlier work is a tail).
     std::lock_guard lock(g_streams_mutex);
-    if (captures_in_progress()) return Result{Status::not_ready, 0};
-    if (CUresult r = on_context(current); r != CUDA_SUCCESS) return fail(r);
-    std::vector<CUcontext> others;
-    {
-      std::lock_guard registry(g_contexts_mutex);
-      for (const auto& [ctx, d] : g_contexts) {
-        if (ctx != current) others.push_back(ctx);
-      }
-    }
-    for (CUcontext ctx : others) {
-      // A context made current here for the records. One that is no longer active (a primary
-      // context reset or released for the last time: its work is complete or gone with it; a
-      // destroyed one left the registry in the cuCtxDestroy hook) is skipped, with the events
-      // recorded in it so far, so that no range stays parked for ever. Any other failure fails
-      // the fence (it is tried again later): a live context's work is never left out.
-      if (real().cuCtxPushCurrent_v2 == nullptr || real().cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS) continue;
-      const std::size_t before = record->events.size();
-      CUresult r = on_context(ctx);
-      CUcontext popped = nullptr;
-      real().cuCtxPopCurrent_v2(&popped);
-      if (r == CUDA_SUCCESS) continue;
-      if (r != CUDA_ERROR_CONTEXT_IS_DESTROYED && r != CUDA_ERROR_INVALID_CONTEXT && r != CUDA_ERROR_DEINITIALIZED) {
-        return fail(r);
-      }
-      give_back(std::vector<std::pair<CUcontext, CUevent>>(record->events.begin() + static_cast<std::ptrdiff_t>(before),
-                                                           record->events.end()));
-      record->events.resize(before);
-    }
+    if (CUresult r = fence_all_locked(current, *record); r != CUDA_SUCCESS) return from_cuda(r);
   }
   const int device = current_device();
   CUstream to_host = own_stream(Location::cpu, device);
@@ -449,7 +671,7 @@ Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::u
   if (discard != nullptr) {
     // The host stream waits for all of it (an event of another context may be waited for:
     // cuStreamWaitEvent), discards, and the fence is its event after that.
-    for (const auto& [ctx, e] : record->events) real().cuStreamWaitEvent(to_host, e, 0);
+    for (const FenceEventPtr& e : record->events) real().cuStreamWaitEvent(to_host, e->event, 0);
     std::vector<CUdeviceptr> ptrs(discard_addr, discard_addr + count);
     std::vector<size_t> sizes(discard_bytes, discard_bytes + count);
     if (discard(ptrs.data(), sizes.data(), count, 0, to_host) == CUDA_SUCCESS) {
@@ -459,9 +681,10 @@ Result CudaBackend::record_fence(const std::uint64_t* discard_addr, const std::u
         std::lock_guard lock(g_evicted_mutex);
         if (device >= 0 && device < kMaxDevices) g_evicted[static_cast<std::size_t>(device)] = true;
       }
-      if (CUresult r = on(current, to_host); r != CUDA_SUCCESS) return fail(r);
-      give_back(std::vector<std::pair<CUcontext, CUevent>>(record->events.begin(), record->events.end() - 1));
-      record->events.erase(record->events.begin(), record->events.end() - 1);
+      CUresult r = CUDA_SUCCESS;
+      FenceEventPtr after = record_on(current, to_host, &r);
+      if (after == nullptr) return from_cuda(r);
+      record->events.assign(1, std::move(after));
     }
   }
   *fence = reinterpret_cast<EventHandle>(record.release());
@@ -473,12 +696,11 @@ Result CudaBackend::fence_done(EventHandle fence) {
   RelaxedCaptureMode relaxed;
   auto* record = reinterpret_cast<FenceRecord*>(fence);
   while (!record->events.empty()) {
-    CUresult r = real().cuEventQuery(record->events.back().second);
-    if (r == CUDA_ERROR_NOT_READY) return Result{Status::not_ready, r};
+    FenceEvent& e = *record->events.back();
     // An event that cannot be queried: a destroyed context's (its work is gone with it), or a
-    // driver error. Either way the other events still decide; it goes back to the pool only
-    // while its context is registered (give_back), so a dead context's event is never reused.
-    give_back({record->events.back()});
+    // driver error. Either way the other events still decide.
+    if (!e.done && real().cuEventQuery(e.event) == CUDA_ERROR_NOT_READY) return Result{Status::not_ready, CUDA_ERROR_NOT_READY};
+    e.done = true;
     record->events.pop_back();
   }
   return Result{};
@@ -488,16 +710,39 @@ Result CudaBackend::wait_fence(EventHandle fence) {
   ShimCallScope scope;
   RelaxedCaptureMode relaxed;
   auto* record = reinterpret_cast<FenceRecord*>(fence);
-  for (const auto& [ctx, e] : record->events) {
-    real().cuEventSynchronize(e);  // (an error: a destroyed context's event, as in fence_done)
+  for (const FenceEventPtr& e : record->events) {
+    if (!e->done) real().cuEventSynchronize(e->event);  // (an error: a destroyed context's event, as in fence_done)
+    e->done = true;
   }
   return Result{};
 }
 
+namespace {
+// Polls `done` (sleeping 50 µs, doubling up to 10 ms) until it is not not_ready or `timeout`
+// has passed.
+template <typename Done>
+Result poll_until(std::chrono::milliseconds timeout, Done&& done) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (auto pause = std::chrono::microseconds(50);; pause = std::min(2 * pause, std::chrono::microseconds(10000))) {
+    Result r = done();
+    if (r.status != Status::not_ready || std::chrono::steady_clock::now() >= deadline) return r;
+    std::this_thread::sleep_for(pause);
+  }
+}
+}  // namespace
+
+Result CudaBackend::wait_fence_for(EventHandle fence, std::chrono::milliseconds timeout) {
+  return poll_until(timeout, [&] { return fence_done(fence); });
+}
+
+Result CudaBackend::wait_event_for(EventHandle event, std::chrono::milliseconds timeout) {
+  return poll_until(timeout, [&] { return event_done(event); });
+}
+
+bool CudaBackend::held_by_capture(std::uint64_t addr, std::uint64_t bytes) { return used_by_capture(addr, bytes); }
+
 void CudaBackend::release_fence(EventHandle fence) {
-  auto* record = reinterpret_cast<FenceRecord*>(fence);
-  give_back(record->events);  // (complete, or never to be queried again: re-recording is legal)
-  delete record;
+  delete reinterpret_cast<FenceRecord*>(fence);  // (its events go back to the pool with their last holder)
 }
 
 CUstream CudaBackend::own_stream(Location to, int device) {

@@ -35,6 +35,10 @@ class CudaBackend final : public Backend {
   Result fence_done(EventHandle fence) override;
   Result wait_fence(EventHandle fence) override;
   void release_fence(EventHandle fence) override;
+  // (cuEventSynchronize has no timeout: these poll cuEventQuery until `timeout`.)
+  Result wait_fence_for(EventHandle fence, std::chrono::milliseconds timeout) override;
+  Result wait_event_for(EventHandle event, std::chrono::milliseconds timeout) override;
+  bool held_by_capture(std::uint64_t addr, std::uint64_t bytes) override;
   // Fault feedback through CUPTI (cupti_feedback.h): started by the launch hook
   // (start_fault_feedback(), outside the Engine's lock), drained by the Engine.
   bool fault_feedback() override;
@@ -97,11 +101,33 @@ class LaunchOrderScope {
 };
 
 // The program destroys `stream`: evictions stop ordering themselves after it, fences stop
-// recording on it. Call before the real cuStreamDestroy. Thread-safe.
+// recording on it, and an event recorded after its work so far is included in every fence
+// until it completes (a destroyed stream's work still runs: cuStreamDestroy, CUDA Driver
+// API). Call before the real cuStreamDestroy. Thread-safe.
 void forget_launch_stream(CUstream stream);
 // The program created `stream` with `flags` (cuStreamCreate, cuStreamCreateWithPriority): a
-// non-blocking one is fenced on its own (CudaBackend::record_fence). Thread-safe.
+// non-blocking one is fenced on its own (CudaBackend::record_fence), a blocking one while a
+// capture keeps its context's legacy stream from use. Thread-safe.
 void note_stream_created(CUstream stream, unsigned flags);
+// Work was issued to `stream` in the current context (a launch, a copy, a memset; call after
+// the driver accepted it): the context is fenced from now on, and the stream at the next
+// fence. A fence records an event only on the streams that had work since their last one.
+// Thread-safe.
+void note_stream_work(CUstream stream);
+// The current context was used for an allocation (carved without a driver call, too): it is
+// fenced from now on (docs/multi-gpu.md). Thread-safe.
+void note_context_used();
+// Stream capture (the capture-begin hooks, holding lock_launch_streams()): before the real
+// call, events after the work issued so far to `stream` and, for a blocking stream, to its
+// context's legacy stream join every fence until they complete (neither may be used while the
+// capture runs); after a successful call, the capture is registered until
+// note_capture_ended(stream) (cuStreamEndCapture, whatever its result). Thread-safe.
+void note_capture_beginning_locked(CUstream stream);
+void note_capture_begun_locked(CUstream stream);
+void note_capture_ended(CUstream stream);
+// Whether [addr, addr + bytes) may be used by work captured in a capture still in progress
+// (a kernel captured with a pointer into it; hooks_launch.cpp). Thread-safe.
+bool used_by_capture(std::uint64_t addr, std::uint64_t bytes);
 // The program is about to destroy `ctx` (cuCtxDestroy; a primary context: forget_device_contexts): fences stop
 // recording in it, and the shim's streams and events there are forgotten. Thread-safe.
 void forget_context(CUcontext ctx);

@@ -111,6 +111,7 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
   }
   if (!r.ok()) return interpose::to_cuda(r);
   *dptr = static_cast<CUdeviceptr>(addr);
+  interpose::note_context_used();  // (a carved block needs no driver call: its context is fenced)
   return CUDA_SUCCESS;
 }
 
@@ -352,6 +353,41 @@ CUresult cuStreamDestroy_v2(CUstream hStream) {
   if (Engine* e = engine(); e != nullptr && hStream != nullptr) e->stream_destroyed(reinterpret_cast<StreamHandle>(hStream));
   interpose::forget_launch_stream(hStream);
   return real().cuStreamDestroy_v2(hStream);
+}
+
+// ---- copies and memsets: observed for the fences (cuda_backend.h, note_stream_work) ----
+namespace {
+template <typename Fn>
+CUresult stream_work(CUstream stream, Fn&& call) {
+  const CUresult r = call();
+  if (r == CUDA_SUCCESS) interpose::note_stream_work(stream);
+  return r;
+}
+}  // namespace
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
+  return stream_work(nullptr, [&] { return real().cuMemcpyHtoD_v2(dst, src, n); });
+}
+CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
+  return stream_work(nullptr, [&] { return real().cuMemcpyDtoH_v2(dst, src, n); });
+}
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return stream_work(nullptr, [&] { return real().cuMemcpyDtoD_v2(dst, src, n); });
+}
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  return stream_work(nullptr, [&] { return real().cuMemcpy(dst, src, n); });
+}
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  return stream_work(s, [&] { return real().cuMemcpyAsync(dst, src, n, s); });
+}
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  return stream_work(per_thread(s), [&] { return real().cuMemcpyAsync_ptsz(dst, src, n, s); });
+}
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) {
+  return stream_work(nullptr, [&] { return real().cuMemsetD8_v2(dst, value, n); });
+}
+CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned int value, size_t n) {
+  return stream_work(nullptr, [&] { return real().cuMemsetD32_v2(dst, value, n); });
 }
 
 CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {

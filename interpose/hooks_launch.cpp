@@ -673,7 +673,9 @@ template <typename Fn>
 CUresult observed_launch(CUfunction f, CUstream stream, void** params, void** extra, Fn&& call) {
   if (f == nullptr) return call();
   Observation obs(f, nullptr, nullptr, stream, params, extra);
-  return obs.done(call(), CUDA_SUCCESS);
+  const CUresult r = call();
+  if (r == CUDA_SUCCESS) interpose::note_stream_work(stream);
+  return obs.done(r, CUDA_SUCCESS);
 }
 
 template <typename Fn>
@@ -683,11 +685,14 @@ cudaError_t observed_runtime_launch(const void* stub, CUstream stream, void** ar
   t_in_runtime_launch = true;
   cudaError_t r = call();
   t_in_runtime_launch = false;
+  if (r == cudaSuccess) interpose::note_stream_work(stream);
   return obs.done(r, cudaSuccess);
 }
 
+// (The launching streams' lock held: cuda_backend.h, note_capture_begun_locked.)
 CUresult begin_capture(CUstream stream, CUresult r) {
   if (r != CUDA_SUCCESS) return r;
+  interpose::note_capture_begun_locked(stream);
   std::lock_guard lock(g_graph_mutex);
   capturing_streams().push_back(stream);
   g_captures.fetch_add(1, std::memory_order_acq_rel);
@@ -709,6 +714,7 @@ void end_captured_frees(std::uint64_t capture, CUgraph* graph, CUresult r) {
 
 // `capture`: the id of the capture the stream was in before the real end call.
 CUresult end_capture(CUstream stream, CUgraph* graph, CUresult r, std::uint64_t capture) {
+  interpose::note_capture_ended(stream);
   end_captured_frees(capture, graph, r);
   std::lock_guard lock(g_graph_mutex);
   // The capture is over unless the driver refused the call for a stream that was not
@@ -772,6 +778,7 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
     Observation obs(nullptr, nullptr, exec, s, nullptr, nullptr);
     r = obs.done(real().cuGraphLaunch(exec, s), CUDA_SUCCESS);
   }
+  if (r == CUDA_SUCCESS) interpose::note_stream_work(s);
   if (r == CUDA_SUCCESS) release_captured_frees(exec, s);
   return r;
 }
@@ -783,6 +790,7 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
     Observation obs(nullptr, nullptr, exec, per_thread(s), nullptr, nullptr);
     r = obs.done(real().cuGraphLaunch_ptsz(exec, s), CUDA_SUCCESS);
   }
+  if (r == CUDA_SUCCESS) interpose::note_stream_work(per_thread(s));
   if (r == CUDA_SUCCESS) release_captured_frees(exec, per_thread(s));
   return r;
 }
@@ -790,11 +798,13 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) {
 // (The launching streams' lock: no eviction orders itself after other streams meanwhile.)
 CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode) {
   auto streams = interpose::lock_launch_streams();
+  interpose::note_capture_beginning_locked(s);
   return begin_capture(s, real().cuStreamBeginCapture_v2(s, mode));
 }
 
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
   auto streams = interpose::lock_launch_streams();
+  interpose::note_capture_beginning_locked(per_thread(s));
   return begin_capture(per_thread(s), real().cuStreamBeginCapture_v2_ptsz(s, mode));
 }
 
@@ -803,12 +813,14 @@ CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode) {
 CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
                                      size_t n, CUstreamCaptureMode mode) {
   auto streams = interpose::lock_launch_streams();
+  interpose::note_capture_beginning_locked(s);
   return begin_capture(s, real().cuStreamBeginCaptureToGraph(s, g, deps, data, n, mode));
 }
 
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode* deps, const CUgraphEdgeData* data,
                                           size_t n, CUstreamCaptureMode mode) {
   auto streams = interpose::lock_launch_streams();
+  interpose::note_capture_beginning_locked(per_thread(s));
   return begin_capture(per_thread(s), real().cuStreamBeginCaptureToGraph_ptsz(s, g, deps, data, n, mode));
 }
 
@@ -954,5 +966,18 @@ CUresult capture_of(CUstream stream, bool* capturing, std::uint64_t* capture) {
 }
 
 bool captures_in_progress() { return hook::g_captures.load(std::memory_order_acquire) != 0; }
+
+// The footprints of the kernels captured so far by the captures in progress (file comment,
+// step 4): their graphs may still run on these ranges.
+bool used_by_capture(std::uint64_t addr, std::uint64_t bytes) {
+  if (!captures_in_progress()) return false;
+  std::lock_guard lock(hook::g_graph_mutex);
+  for (const auto& [stream, accesses] : hook::captures()) {
+    for (const Access& a : accesses) {
+      if (a.addr < addr + bytes && addr < a.addr + a.bytes) return true;
+    }
+  }
+  return false;
+}
 
 }  // namespace spillway::interpose

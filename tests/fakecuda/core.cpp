@@ -426,6 +426,9 @@ Context* primaries() {
 }
 std::set<Context*> g_created;  // cuCtxCreate's, not yet destroyed
 std::set<Stream*> g_streams;   // cuStreamCreate's
+// Streams destroyed while work was pending (FAKECUDA_ASYNC): their handle is invalid, but the
+// work still runs until a synchronisation covers it (delete_stream).
+std::set<Stream*> g_destroyed;
 std::set<Event*> g_events;
 thread_local std::vector<CUcontext> t_ctx_stack;
 thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -457,6 +460,7 @@ void for_each_stream(F&& f) {
   for (int d = 0; d < kMaxDevices; ++d) f(&primaries()[d].legacy);
   for (Context* c : g_created) f(&c->legacy);
   for (Stream* s : g_streams) f(s);
+  for (Stream* s : g_destroyed) f(s);
 }
 
 // `gone` is being destroyed (its work has completed): waits on it are satisfied.
@@ -472,17 +476,19 @@ void forget_waits_on(Stream* gone) {
 // the context", CUDA Driver API, Context Management).
 void drop_context_objects(Context* ctx) {
   complete_context(ctx);
-  for (auto it = g_streams.begin(); it != g_streams.end();) {
-    Stream* st = *it;
-    if (st->ctx != ctx) {
-      ++it;
-      continue;
+  for (std::set<Stream*>* streams : {&g_streams, &g_destroyed}) {
+    for (auto it = streams->begin(); it != streams->end();) {
+      Stream* st = *it;
+      if (st->ctx != ctx) {
+        ++it;
+        continue;
+      }
+      it = streams->erase(it);
+      for (Event* e : g_events)
+        if (e->stream == st) e->stream = nullptr;
+      forget_waits_on(st);
+      delete st;
     }
-    it = g_streams.erase(it);
-    for (Event* e : g_events)
-      if (e->stream == st) e->stream = nullptr;
-    forget_waits_on(st);
-    delete st;
   }
   for (Event* e : g_events)
     if (e->stream == &ctx->legacy) e->stream = nullptr;
@@ -610,7 +616,16 @@ Stream* new_stream(Context* ctx) {
 bool delete_stream(CUstream s) {
   auto* st = reinterpret_cast<Stream*>(s);
   if (!g_streams.erase(st)) return false;
-  complete(st);  // outstanding work still finishes
+  // "In case the device is still doing work in the stream when cuStreamDestroy() is called,
+  // the function will return immediately and the resources associated with the stream will
+  // be released automatically once the device has completed all work in the stream"
+  // (cuStreamDestroy, CUDA Driver API, Stream Management): the handle is gone, the work keeps
+  // running (completed by a synchronisation that covers it: the context's, an event recorded
+  // on it, a stream that waits for such an event).
+  if (!st->pending.empty()) {
+    g_destroyed.insert(st);
+    return true;
+  }
   for (Event* e : g_events)
     if (e->stream == st) e->stream = nullptr;
   forget_waits_on(st);
@@ -663,6 +678,8 @@ void complete(Stream* s, Event* upto) {
 void complete_context(Context* ctx) {
   complete(&ctx->legacy);
   for (Stream* s : g_streams)
+    if (s->ctx == ctx) complete(s);
+  for (Stream* s : g_destroyed)
     if (s->ctx == ctx) complete(s);
 }
 bool any_pending(Stream* s) { return !s->pending.empty(); }

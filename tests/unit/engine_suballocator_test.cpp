@@ -4,6 +4,7 @@
 // cap counts the ranges.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -26,11 +27,28 @@ class FenceBackend final : public test_support::InstantBackend {
     for (std::size_t i = 0; i < count; ++i) discards.push_back({addr[i], bytes[i], *fence});
     return {};
   }
-  Result fence_done(EventHandle fence) override { return fence <= completed ? Result{} : Result{Status::not_ready, 0}; }
+  Result fence_done(EventHandle fence) override {
+    return fence <= completed && !stuck ? Result{} : Result{Status::not_ready, 0};
+  }
   Result wait_fence(EventHandle fence) override {
     ++waits;
+    if (stuck) {
+      ++unbounded_waits;  // (a wait that would never return, cut short so that the test can tell)
+      return {};
+    }
     completed = std::max<std::uint64_t>(completed, fence);
     return {};
+  }
+  // (Backend::wait_fence_for; no `override`, so that this file also builds against an
+  // Engine without it and the test below shows the unbounded wait.)
+  Result wait_fence_for(EventHandle fence, std::chrono::milliseconds timeout) {
+    if (!stuck) return wait_fence(fence);
+    bounded_wait = timeout;
+    return Result{Status::not_ready, 0};
+  }
+  // (Backend::held_by_capture, likewise.)
+  bool held_by_capture(std::uint64_t addr, std::uint64_t bytes) {
+    return captured_addr != 0 && captured_addr < addr + bytes && addr < captured_addr + 1;
   }
   void release_fence(EventHandle) override {}
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
@@ -45,6 +63,10 @@ class FenceBackend final : public test_support::InstantBackend {
   std::vector<Discard> discards;
   std::uint64_t fences = 0, completed = 0, waits = 0, ranges = 0;
   bool refuse_fences = false;
+  bool stuck = false;  // fences never complete: work that never ends (a persistent kernel)
+  std::uint64_t unbounded_waits = 0;
+  std::chrono::milliseconds bounded_wait{0};
+  std::uint64_t captured_addr = 0;  // a captured kernel uses this address (a capture in progress)
 };
 
 std::unique_ptr<Engine> make_engine(FenceBackend& b, std::uint64_t max_managed = 1ull << 40) {
@@ -200,6 +222,65 @@ TEST(EngineSubAllocator, ADriverShortOfRoomForARangeStillGivesTheRequestItsOwn) 
   EXPECT_EQ(big.status, Status::out_of_memory) << "the driver's own answer";
   EXPECT_EQ(big.native, 2);
   EXPECT_EQ(e->stats().managed_bytes, e->stats().suballocator_range_bytes) << "nothing reserved for the refused range";
+}
+
+// An allocation at the managed cap waits for the fences of parked ranges, but work that
+// never ends (a persistent kernel) must not hold it for ever: the wait is bounded, and the
+// allocation is refused with out-of-memory.
+TEST(EngineSubAllocator, AnAllocationAtTheCapWaitsBoundedBehindWorkThatNeverEnds) {
+  FenceBackend b;
+  auto e = make_engine(b, 80ull << 20);  // one range of 64 MiB + 2 MiB, and no second
+  std::uint64_t a = 0, p = 0;
+  ASSERT_TRUE(e->allocate(48 << 20, AllocKind::alloc, 0, &a).ok());
+  bool ours = false;
+  ASSERT_TRUE(e->release(a, std::nullopt, &ours).ok());
+  b.stuck = true;
+  Result r = e->allocate(48 << 20, AllocKind::alloc, 0, &p);
+  EXPECT_EQ(b.unbounded_waits, 0u) << "waited without bound for a fence that never completes";
+  EXPECT_EQ(r.status, Status::out_of_memory);
+  EXPECT_GT(b.bounded_wait.count(), 0);
+  EXPECT_EQ(e->stats().allocations_refused, 1u);
+  b.stuck = false;
+  b.completed = b.fences;
+  ASSERT_TRUE(e->allocate(48 << 20, AllocKind::alloc, 0, &p).ok()) << "once the work ends, the range comes back";
+  EXPECT_EQ(p, a);
+}
+
+// A range that work captured by a capture in progress uses stays parked however many fences
+// complete; the others come back.
+TEST(EngineSubAllocator, ARangeACaptureUsesStaysParkedAndTheOthersComeBack) {
+  FenceBackend b;
+  auto e = make_engine(b);
+  std::uint64_t x = 0, y = 0, p = 0;
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &x).ok());
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &y).ok());
+  b.captured_addr = x;
+  bool ours = false;
+  ASSERT_TRUE(e->release(x, std::nullopt, &ours).ok());
+  ASSERT_TRUE(e->release(y, std::nullopt, &ours).ok());
+  bool x_back = false, y_back = false;
+  std::vector<std::uint64_t> held;
+  for (int round = 0; round < 4; ++round) {
+    e->reclaim(true);  // fences recorded and completed
+    for (int i = 0; i < 20; ++i) {
+      ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &p).ok());
+      x_back = x_back || p == x;
+      y_back = y_back || p == y;
+      held.push_back(p);
+    }
+    for (std::uint64_t h : held) ASSERT_TRUE(e->release(h, std::nullopt, &ours).ok());
+    held.clear();
+  }
+  EXPECT_FALSE(x_back) << "reused while captured work may use it";
+  EXPECT_TRUE(y_back);
+  b.captured_addr = 0;  // the capture ended
+  e->reclaim(true);
+  e->reclaim(true);
+  for (int i = 0; i < 40 && !x_back; ++i) {
+    ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &p).ok());
+    x_back = p == x;
+  }
+  EXPECT_TRUE(x_back);
 }
 
 }  // namespace

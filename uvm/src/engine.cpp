@@ -661,13 +661,22 @@ void Engine::poll_fences_locked(bool wait) {
   bool emptied = false;
   while (!fences_.empty()) {
     Fence& f = fences_.front();
-    Result r = wait ? backend_.wait_fence(f.handle) : backend_.fence_done(f.handle);
+    Result r = wait ? wait_bounded(f.handle, true) : backend_.fence_done(f.handle);
     if (r.status == Status::not_ready) break;
     // (An error: the driver cannot say; a context torn down has no work left. Its ranges come back.)
     backend_.release_fence(f.handle);
     std::vector<ParkedRange> ranges = std::move(f.ranges);
     fences_.pop_front();
     for (const ParkedRange& p : ranges) {
+      if (backend_.held_by_capture(p.addr, p.slab ? kChunkBytes : p.bytes)) {
+        // (Parked again: the next fence looks once more.)
+        SPILLWAY_LOG_ONCE(LogLevel::warn,
+                          "freed memory at {:#x} ({}) is held, not reused: a stream capture in progress (begun and "
+                          "not ended) captured work that uses it; it is reused once that capture ends",
+                          p.addr, format_bytes(p.slab ? kChunkBytes : p.bytes));
+        park(p);
+        continue;
+      }
       if (p.slab) {
         sub_.release_slab(p.addr);
         continue;
@@ -680,6 +689,18 @@ void Engine::poll_fences_locked(bool wait) {
   }
   if (emptied) close_fence_locked();  // discard the emptied slabs now (stream-ordered), reuse them after
   fences_pending_.store(!fences_.empty(), std::memory_order_relaxed);
+}
+
+Result Engine::wait_bounded(EventHandle handle, bool fence) {
+  Result r = fence ? backend_.wait_fence_for(handle, cap_wait()) : backend_.wait_event_for(handle, cap_wait());
+  if (r.status == Status::not_ready) {
+    SPILLWAY_LOG_ONCE(LogLevel::warn,
+                      "an allocation at the managed cap (SPILLWAY_MAX_MANAGED = {}) gave up after {} ms waiting for device "
+                      "work on freed memory (a kernel that never ends?); it is refused as out of memory "
+                      "(raise SPILLWAY_MAX_MANAGED to give such a program room)",
+                      format_bytes(max_managed_bytes()), cap_wait().count());
+  }
+  return r;
 }
 
 bool Engine::in_suballocator_range(std::uint64_t addr) {
@@ -1295,7 +1316,7 @@ void Engine::reclaim(bool wait) {
     if (p.event == 0) {
       done = true;  // no event could be recorded: fall back to a plain (synchronous) free
     } else {
-      Result r = wait ? backend_.wait_event(p.event) : backend_.event_done(p.event);
+      Result r = wait ? wait_bounded(p.event, false) : backend_.event_done(p.event);
       done = r.ok() || r.status != Status::not_ready;
       if (done) backend_.destroy_event(p.event);
     }

@@ -3,6 +3,7 @@
 // Policies never call CUDA themselves.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -81,6 +82,26 @@ class Backend {
   virtual Result fence_done(EventHandle fence) { return event_done(fence); }
   virtual Result wait_fence(EventHandle fence) { return wait_event(fence); }
   virtual void release_fence(EventHandle fence) { destroy_event(fence); }
+  // wait_fence_for / wait_event_for: as wait_fence / wait_event, giving up after `timeout`
+  // (then Status::not_ready): work that never ends (a persistent kernel) must not hold the
+  // caller for ever. The defaults wait without bound (Backends whose work always ends).
+  virtual Result wait_fence_for(EventHandle fence, std::chrono::milliseconds timeout) {
+    (void)timeout;
+    return wait_fence(fence);
+  }
+  virtual Result wait_event_for(EventHandle event, std::chrono::milliseconds timeout) {
+    (void)timeout;
+    return wait_event(event);
+  }
+  // held_by_capture: whether [addr, addr + bytes) may still be used by work captured into a
+  // CUDA graph by a stream capture in progress (the graph may run it later, whatever fence
+  // completes now); a freed range there stays parked until that is no longer so. A capture
+  // holds no other range: fences keep working on the streams it does not use. Thread-safe;
+  // false by default.
+  virtual bool held_by_capture(std::uint64_t addr, std::uint64_t bytes) {
+    (void)addr, (void)bytes;
+    return false;
+  }
 
   // Fault feedback (issue 12 item 4): the GPU page faults the device took, attributed to
   // launches (CudaBackend: CUPTI's unified-memory activity, interpose/cupti_feedback.h;

@@ -284,8 +284,16 @@ class Engine {
   void stream_destroyed(StreamHandle stream);
 
   // Releases deferred frees whose events have completed; with `wait`, waits for all (and for
-  // every fence of the sub-allocator, recording one for the ranges parked since the last).
+  // every fence of the sub-allocator, recording one for the ranges parked since the last),
+  // each for at most cap_wait(): work that never ends (a persistent kernel) never blocks the
+  // caller for longer.
   void reclaim(bool wait);
+  // How long an allocation at the managed cap (SPILLWAY_MAX_MANAGED) waits for the device's
+  // work on freed memory to complete before it is refused with out-of-memory (logged once,
+  // naming the cap). Default kCapWait. Thread-safe.
+  static constexpr std::chrono::milliseconds kCapWait{10000};
+  void set_cap_wait(std::chrono::milliseconds wait) { cap_wait_ms_.store(wait.count(), std::memory_order_relaxed); }
+  std::chrono::milliseconds cap_wait() const { return std::chrono::milliseconds(cap_wait_ms_.load(std::memory_order_relaxed)); }
 
   bool suballocating() const { return suballocate_.load(std::memory_order_relaxed); }
   // Whether launches should be bracketed for fault feedback (Backend::begin_launch): the
@@ -433,6 +441,10 @@ class Engine {
   void park(const ParkedRange& range);        // with sub_mutex_ held
   void close_fence_locked();                  // with sub_mutex_ held
   void poll_fences_locked(bool wait);         // with sub_mutex_ held
+  // With `fence`, a sub-allocator fence, else a deferred free's event: waited for until
+  // complete or cap_wait() has passed (then Status::not_ready, logged once).
+  Result wait_bounded(EventHandle handle, bool fence);
+  std::atomic<std::int64_t> cap_wait_ms_{kCapWait.count()};
   mutable std::mutex sub_mutex_;
   SubAllocator sub_;
   std::vector<ParkedRange> unfenced_;
