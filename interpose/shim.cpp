@@ -8,7 +8,6 @@
 // which asks the real one and substitutes the hook for exactly the symbol it returned.
 #include "shim.h"
 
-#include <cxxabi.h>
 #include <dlfcn.h>
 #include <link.h>
 #include <unistd.h>
@@ -367,10 +366,11 @@ __attribute__((constructor)) void load_settings() {
 }  // namespace spillway::interpose
 
 // ---- exported symbols ----------------------------------------------------------------
-// Each exported hook: pass straight through when hooks are off, otherwise run the hook
-// body with thread cancellation held off (spillway/cancel.h: a forced unwind must never meet
-// the catch below, nor leave the shim's locks and tables half-updated); no C++ exception
-// crosses the C ABI.
+// Each exported hook passes straight through when hooks are off, otherwise runs the hook
+// body; Spillway's own code (start-up and body) runs with thread cancellation held off
+// (spillway/cancel.h: a forced unwind must never meet the catch below, nor leave the shim's
+// locks and tables half-updated); no C++ exception crosses the C ABI. A pass-through call
+// reaches the real driver with cancellation as the program set it, as without the shim.
 //
 // A driver hook entered on a thread that is already inside one passes straight through: the
 // shim's own calls never enter the exported hooks, so that is a signal handler (or an
@@ -389,19 +389,27 @@ struct DriverHookScope {
 struct RuntimeHookScope {
   static constexpr bool nested = false;
 };
+// Whether an exported hook runs its body (else it passes straight through): not nested,
+// hooks on, the shim's start-up done (`ensure`, which may open files: cancellation points,
+// so it runs with cancellation held off), and the real entry point found (`has_real`, asked
+// after `ensure` has bound the entry points).
+template <class HasReal>
+bool hook_runs(bool nested, bool (*ensure)(), HasReal has_real) {
+  if (nested || !hooks_active()) return false;
+  NoCancelScope no_cancel;
+  return ensure() && has_real();
+}
 }  // namespace spillway::interpose
 
 #define SPILLWAY_EXPORT_HOOK(symbol, ensure, scope, ret, params, args)           \
   extern "C" SPILLWAY_EXPORT ret symbol params {                                 \
     ::spillway::interpose::scope hook_scope_;                                    \
-    if (hook_scope_.nested || !::spillway::interpose::hooks_active() ||          \
-        !::spillway::interpose::ensure() || ::spillway::interpose::real().symbol == nullptr) \
+    if (!::spillway::interpose::hook_runs(hook_scope_.nested, ::spillway::interpose::ensure, \
+            [] { return ::spillway::interpose::real().symbol != nullptr; }))       \
       return ::spillway::interpose::pass_##symbol args;                          \
     ::spillway::NoCancelScope no_cancel_;                                        \
     try {                                                                        \
       return ::spillway::hook::symbol args;                                      \
-    } catch (abi::__forced_unwind&) {                                            \
-      throw;                                                                     \
     } catch (...) {                                                              \
       ::spillway::interpose::internal_failure(#symbol);                          \
     }                                                                            \
@@ -449,6 +457,7 @@ extern "C" void* spillway_dlsym_impl(void* handle, const char* name) {
   if (is_own_cupti_export(result) && real(RTLD_NEXT, name) == nullptr) return nullptr;
   ++t_dlsym_depth;
   void* out = result;
+  spillway::NoCancelScope no_cancel;  // ensure_*() may open and write files: cancellation points (spillway/cancel.h)
   try {
     if (hooks_active() && find_entry(name) != nullptr && find_entry(name)->hook != nullptr) {
       const Entry* e = find_entry(name);
@@ -456,9 +465,6 @@ extern "C" void* spillway_dlsym_impl(void* handle, const char* name) {
       else ensure_runtime();
       out = substitute(result);
     }
-  } catch (abi::__forced_unwind&) {
-    --t_dlsym_depth;
-    throw;
   } catch (...) {
     out = result;
   }

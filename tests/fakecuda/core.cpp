@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <set>
 
 namespace fakecuda {
@@ -237,13 +238,17 @@ CUresult Call::check() {
 CUresult Call::finish(CUresult r) {
   int fd = config().log_fd;
   if (fd >= 0) {
+    bool whole = true;
     try {
       line_ += " -> " + std::to_string(static_cast<int>(r)) + "\n";
-      ssize_t ignored = ::write(fd, line_.data(), line_.size());  // one write(2) per line: a cancellation point
+    } catch (const std::bad_alloc&) {
+      whole = false;
+    }
+    // One write(2) per line, outside any handler: it is a cancellation point, and a thread
+    // cancelled here unwinds through (api() in core.h catches only typed exceptions).
+    if (whole) {
+      ssize_t ignored = ::write(fd, line_.data(), line_.size());
       (void)ignored;
-    } catch (abi::__forced_unwind&) {
-      throw;
-    } catch (...) {
     }
   }
   return r;

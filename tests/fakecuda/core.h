@@ -11,11 +11,11 @@
 #pragma GCC visibility push(default)     // the CUDA entry points we define are exported
 #include <cuda.h>
 #pragma GCC visibility pop
-#include <cxxabi.h>
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <map>
 #include <mutex>
 #include <string>
@@ -87,9 +87,12 @@ CUresult api(const char* symbol, const char* base, unsigned flags, F&& body) {
   CUresult r;
   try {
     r = body(c);
-  } catch (abi::__forced_unwind&) {
-    throw;  // thread cancellation unwinds through a C driver as through any C code
-  } catch (...) {
+  } catch (const std::exception&) {
+    // Only the fake's own errors (std::bad_alloc, std::out_of_range, ...) become an error
+    // code. Thread cancellation (glibc's forced unwind, a foreign exception) matches no
+    // typed handler and unwinds through, as through any C code; catching it by
+    // `abi::__forced_unwind&` would bind a reference to no object (UBSan: "reference
+    // binding to null pointer").
     r = CUDA_ERROR_UNKNOWN;
   }
   return c.finish(r);
