@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <regex>
 #include <iostream>
 #include <map>
 #include <string>
@@ -73,23 +73,11 @@ void remove_earlier_outputs(const std::string& pattern) {
     if (fs::symlink_status(file, ec).type() == fs::file_type::regular) fs::remove(file, ec);
     return;
   }
-  std::string expression;
-  for (std::size_t i = 0; i < name.size(); ++i) {
-    if (name[i] == '%' && i + 1 < name.size() && name[i + 1] == 'r') {
-      expression += "[0-9]+";
-      ++i;
-      continue;
-    }
-    if (name[i] == '%' && i + 1 < name.size() && name[i + 1] == '%') ++i;
-    if (std::strchr(".^$|()[]{}*+?\\", name[i]) != nullptr) expression += '\\';
-    expression += name[i];
-  }
-  const std::regex matches(expression);
   fs::directory_iterator it(folder.empty() ? "." : folder, ec);
   for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
     std::error_code type_ec;
     if (it->symlink_status(type_ec).type() == fs::file_type::regular &&
-        std::regex_match(it->path().filename().string(), matches)) {
+        spillway::matches_output_name(name, it->path().filename().string())) {
       fs::remove(it->path(), type_ec);
     }
   }
@@ -211,6 +199,10 @@ int run(const std::vector<std::pair<std::string, std::string>>& settings, const 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Into a file or a pipe, standard output is kept in one 1 MiB buffer (the default is a
+  // few KiB), so that a failure to write it is met at the final flush, with its errno.
+  static char stdout_buffer[1 << 20];
+  if (!isatty(STDOUT_FILENO)) std::setvbuf(stdout, stdout_buffer, _IOFBF, sizeof stdout_buffer);
   CLI::App app{"Spillway: run an unmodified CUDA program with its device memory made managed, so it can "
                "overflow into host RAM instead of failing with out-of-memory."};
   app.require_subcommand(1);
@@ -241,15 +233,21 @@ int main(int argc, char** argv) {
   policies_cmd->add_option("names", policy_filter, "only these policies");
   policies_cmd->add_flag("--json", policies_json, "print one JSON object instead of the table");
 
+  int status = 0;
   try {
     app.parse(argc, argv);
+    if (sim_commands.parsed()) status = sim_commands.run();
+    else if (run_cmd->parsed()) status = run(run_settings.settings(), command);
+    else if (policies_cmd->parsed()) status = spillway::cli::policies_command(policy_filter, policies_json);
+    else if (info_cmd->parsed()) status = spillway::cli::info_command(info_settings.settings(), find_shim(), info_json);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    status = app.exit(e) == 0 ? 0 : 2;  // (--help and --version print and end here)
   }
-
-  if (sim_commands.parsed()) return sim_commands.run();
-  if (run_cmd->parsed()) return run(run_settings.settings(), command);
-  if (policies_cmd->parsed()) return spillway::cli::policies_command(policy_filter, policies_json);
-  if (info_cmd->parsed()) return spillway::cli::info_command(info_settings.settings(), find_shim(), info_json);
-  return 0;
+  // What went to standard output (a table, JSON, --help) must have been written too:
+  // `spillway sweep ... > /dev/full` is an error, not status 0.
+  if (std::string err = spillway::flush_standard_output(); !err.empty()) {
+    std::cerr << "spillway: " << err << '\n';
+    return status == 0 ? 1 : status;
+  }
+  return status;
 }

@@ -8,9 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <functional>
 #include <iostream>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -19,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "policies.h"
+#include "spillway/output_file.h"
 #include "spillway/sim/simulator.h"
 #include "spillway/size.h"
 #include "spillway/trace.h"
@@ -157,7 +159,8 @@ struct SimCommands::Options {
                     "on or off: report each kernel's faults to the policy, as CUPTI does in the shim (learned learns the "
                     "extents of pointers into segments from them) [on]");
     cmd->add_option("--state-memory", state_memory,
-                    "the policy's state budget, as SPILLWAY_STATE_MEMORY in the shim: a size, or 'unlimited' [256MiB]");
+                    "the policy's state budget, as SPILLWAY_STATE_MEMORY in the shim: a size of at least 16MiB, or "
+                    "'unlimited' [256MiB]");
   }
 
   sim::SimParams params() const {
@@ -192,12 +195,10 @@ struct SimCommands::Options {
     if (fault_feedback == "on") p.fault_feedback = true;
     else if (fault_feedback == "off") p.fault_feedback = false;
     else throw UsageError{fmt::format("invalid --fault-feedback '{}': expected on or off", fault_feedback)};
-    if (state_memory == "unlimited") {
-      p.state_memory_bytes = UINT64_MAX;
-    } else if (!state_memory.empty()) {  // (the shim's own rule for SPILLWAY_STATE_MEMORY)
+    if (!state_memory.empty()) {  // (the shim's own rule and message: spillway::parse_state_memory)
       Config c;
       if (std::string err = set_option(c, "SPILLWAY_STATE_MEMORY", state_memory, policy_names()); !err.empty()) {
-        throw UsageError{fmt::format("--state-memory: {}, or unlimited", err)};
+        throw UsageError{"--state-memory: " + err};
       }
       p.state_memory_bytes = c.state_memory;
     }
@@ -272,21 +273,21 @@ std::string csv_field(const std::string& v) {
   return out + "\"";
 }
 
+// Throws std::runtime_error "cannot write PATH: REASON" (OutputFile) on any failure.
 void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows) {
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path));
+  OutputFile out(path);
   // bound_ns: the two-direction bound (spillway/sim/bound.h); h2d_bound_ns: the bound before
   // it, max(compute, MIN_H2D / B_h2d); cut_bound_ns: the cut bound alone.
-  out << "trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
-         "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns,policy_params\n";
+  out.write("trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
+            "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns,policy_params\n");
   for (const auto& r : rows) {
     // (policy and policy_params hold commas when tunables are given: quoted, RFC 4180.)
-    out << fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{},{}\n", r.trace, csv_field(r.policy), r.allocator,
-                       r.link, r.capacity_bytes, r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns,
-                       r.sim.h2d_bytes, r.sim.d2h_bytes, r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes,
-                       r.h2d_bound_ns, r.cut_bound_ns, csv_field(r.policy_params));
+    out.write(fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{},{}\n", r.trace, csv_field(r.policy), r.allocator,
+                          r.link, r.capacity_bytes, r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns,
+                          r.sim.h2d_bytes, r.sim.d2h_bytes, r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes,
+                          r.h2d_bound_ns, r.cut_bound_ns, csv_field(r.policy_params)));
   }
-  if (!out) throw std::runtime_error(fmt::format("{}: write failed", path));
+  out.close();
 }
 
 std::uint64_t capacity_bytes(const CapacitySpec& c, const sim::CompiledTrace& t) {
@@ -327,6 +328,46 @@ std::vector<sim::AllocatorView> parse_views(const std::vector<std::string>& text
   return views;
 }
 
+// Why reading `path` failed, for the exception being handled (call inside a catch): a
+// TraceError names FILE:LINE itself (status 2); anything else — memory running out — is
+// prefixed with the file (status 1). Never throws: it is what keeps an exception from
+// leaving a worker thread.
+struct ReadFailure {
+  std::string message;  // empty: no failure
+  int status = 0;
+};
+ReadFailure read_failure(const std::string& path) noexcept {
+  try {
+    try {
+      throw;
+    } catch (const trace::TraceError& e) {
+      return {e.what(), 2};
+    } catch (const std::bad_alloc&) {
+      return {path + ": out of memory while reading the trace", 1};
+    } catch (const std::exception& e) {
+      return {path + ": " + e.what(), 1};
+    } catch (...) {
+      return {path + ": unknown error while reading the trace", 1};
+    }
+  } catch (...) {  // (building the message ran out of memory)
+    return {"out of memory", 1};
+  }
+}
+
+// Runs `work` on up to `threads` threads, this one included, and waits for them. A thread
+// the system refuses is left out (the others take its share), so that no exception meets a
+// joinable std::thread; `work` itself must catch everything it throws.
+template <class Work>
+void run_in_parallel(std::size_t threads, Work& work) {
+  std::vector<std::thread> pool;
+  try {
+    for (std::size_t j = 1; j < threads; ++j) pool.emplace_back(std::ref(work));
+  } catch (const std::exception&) {  // (std::system_error, std::bad_alloc: fewer threads)
+  }
+  work();
+  for (auto& t : pool) t.join();
+}
+
 int run_sweep(SimCommands::Options& o);
 int run_replay(SimCommands::Options& o);
 
@@ -341,6 +382,9 @@ int SimCommands::run() {
   } catch (const trace::TraceError& e) {
     std::cerr << "spillway: " << e.what() << '\n';
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "spillway: out of memory\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "spillway: " << e.what() << '\n';
     return 1;
@@ -372,7 +416,7 @@ int run_sweep(SimCommands::Options& o) {
   std::vector<std::unique_ptr<sim::CompiledTrace>> traces(o.traces.size());
   std::vector<const sim::CompiledTrace*> compiled(o.traces.size() * views.size());
   std::vector<std::unique_ptr<sim::CompiledTrace>> other_views(o.traces.size() * views.size());
-  std::vector<std::string> errors(o.traces.size());
+  std::vector<ReadFailure> errors(o.traces.size());
   {
     std::atomic<std::size_t> next{0};
     auto work = [&] {
@@ -388,20 +432,17 @@ int run_sweep(SimCommands::Options& o) {
             other_views[i * views.size() + v] = std::make_unique<sim::CompiledTrace>(sim::compile_file(o.traces[i], views[v]));
             compiled[i * views.size() + v] = other_views[i * views.size() + v].get();
           }
-        } catch (const trace::TraceError& e) {
-          errors[i] = e.what();
+        } catch (...) {
+          errors[i] = read_failure(o.traces[i]);
         }
       }
     };
-    std::vector<std::thread> pool;
-    for (unsigned j = 1; j < std::min<std::size_t>(jobs, o.traces.size()); ++j) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
+    run_in_parallel(std::min<std::size_t>(jobs, o.traces.size()), work);
   }
-  for (const std::string& e : errors) {
-    if (!e.empty()) {
-      std::cerr << "spillway: " << e << '\n';
-      return 2;
+  for (const ReadFailure& e : errors) {
+    if (e.status != 0) {
+      std::cerr << "spillway: " << e.message << '\n';
+      return e.status;
     }
   }
 
@@ -433,41 +474,39 @@ int run_sweep(SimCommands::Options& o) {
   std::atomic<std::size_t> next{0}, done{0};
   std::mutex print_mutex;
   std::exception_ptr failure;
+  auto run_one = [&](std::size_t i) {
+    const Cell& cell = cells[i];
+    const sim::CompiledTrace& truth = *traces[cell.trace];  // the `none` view: bound and capacity
+    const sim::CompiledTrace& t = *compiled[cell.trace * views.size() + cell.view];
+    sim::SimParams p = base;
+    std::size_t key = cell.trace * caps.size() + cell.cap;
+    p.capacity_bytes = capacity_bytes(caps[cell.cap], truth);
+    std::call_once(fetch_once[key], [&] { bounds[key] = sim::lower_bound(truth, p); });
+    const std::size_t vkey = key * views.size() + cell.view;
+    std::call_once(view_once[vkey], [&] { view_bounds[vkey] = sim::view_bound(bounds[key], t, p); });
+    results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &view_bounds[vkey]);
+    std::size_t finished = ++done;
+    if (progress) {
+      std::lock_guard lock(print_mutex);
+      std::cerr << fmt::format("\r\033[Kspillway sweep: {}/{} cells ({} {} {})", finished, cells.size(), t.name,
+                               policies[cell.policy], caps[cell.cap].text)
+                << std::flush;
+    }
+  };
+  // (Everything a cell throws is caught here and rethrown on this thread after the join.)
   auto work = [&] {
     for (std::size_t n; (n = next++) < cells.size();) {
-      const std::size_t i = order[n];
-      const Cell& cell = cells[i];
-      const sim::CompiledTrace& truth = *traces[cell.trace];  // the `none` view: bound and capacity
-      const sim::CompiledTrace& t = *compiled[cell.trace * views.size() + cell.view];
-      sim::SimParams p = base;
-      std::size_t key = cell.trace * caps.size() + cell.cap;
       try {
-        p.capacity_bytes = capacity_bytes(caps[cell.cap], truth);
-        std::call_once(fetch_once[key], [&] { bounds[key] = sim::lower_bound(truth, p); });
-        const std::size_t vkey = key * views.size() + cell.view;
-        std::call_once(view_once[vkey], [&] { view_bounds[vkey] = sim::view_bound(bounds[key], t, p); });
-        results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &view_bounds[vkey]);
+        run_one(order[n]);
       } catch (...) {
+        next = cells.size();
         std::lock_guard lock(print_mutex);
         if (!failure) failure = std::current_exception();
-        next = cells.size();
         return;
-      }
-      std::size_t finished = ++done;
-      if (progress) {
-        std::lock_guard lock(print_mutex);
-        std::cerr << fmt::format("\r\033[Kspillway sweep: {}/{} cells ({} {} {})", finished, cells.size(), t.name,
-                                 policies[cell.policy], caps[cell.cap].text)
-                  << std::flush;
       }
     }
   };
-  {
-    std::vector<std::thread> pool;
-    for (unsigned j = 1; j < std::min<std::size_t>(jobs, cells.size()); ++j) pool.emplace_back(work);
-    work();
-    for (auto& t : pool) t.join();
-  }
+  run_in_parallel(std::min<std::size_t>(jobs, cells.size()), work);
   if (progress) std::cerr << "\r\033[K" << std::flush;
   if (failure) std::rethrow_exception(failure);
 

@@ -1,7 +1,9 @@
 // libFuzzer target: the trace reader (uvm/include/spillway/trace.h). The input is written to
 // a file (plain, or gzip when it starts with the gzip magic) and read to the end. The reader
 // may only ever throw TraceError; any other exception, a crash or a hang is a bug. Events it
-// accepts must be self-consistent: ranges lie inside live blocks, line numbers increase.
+// accepts must be self-consistent: ranges lie inside live blocks, line numbers increase; a
+// plain input it reads to the end keeps the format's limits on text (trace.h: no control
+// byte but tab, CR and LF; no line over kMaxLineBytes).
 #include <unistd.h>
 
 #include <cstdint>
@@ -12,6 +14,25 @@
 #include "spillway/trace.h"
 
 namespace {
+// Whether `data` (not gzip, not zstd) keeps trace.h's limits on a line's bytes.
+bool plain_text_within_limits(const std::uint8_t* data, std::size_t size) {
+  std::size_t line = 0;
+  for (std::size_t i = 0; i < size; ++i) {
+    const std::uint8_t c = data[i];
+    if (c == '\n') {
+      line = 0;
+      continue;
+    }
+    if ((c < 0x20 && c != '\t' && c != '\r') || ++line > spillway::trace::kMaxLineBytes) return false;
+  }
+  return true;
+}
+
+bool compressed(const std::uint8_t* data, std::size_t size) {
+  return (size >= 2 && data[0] == 0x1f && data[1] == 0x8b) ||
+         (size >= 4 && data[0] == 0x28 && data[1] == 0xb5 && data[2] == 0x2f && data[3] == 0xfd);
+}
+
 void check(bool ok, const char* what) {
   if (!ok) {
     std::fprintf(stderr, "fuzz_trace: invariant failed: %s\n", what);
@@ -58,6 +79,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       nlohmann::json j = spillway::trace::to_json(ev);  // must not throw either
       (void)j.dump();
     }
+    check(compressed(data, size) || plain_text_within_limits(data, size),
+          "a plain input with a control byte or an overlong line was read to its end");
   } catch (const spillway::trace::TraceError& e) {
     check(e.line() <= 1 + size, "a TraceError names a line past the end of the input");
   }

@@ -405,5 +405,112 @@ TEST_F(TraceTest, MalformedRange) {
             std::string::npos);
 }
 
+// Lines the JSON parser must never see (issue: hostile traces, kind 5), each rejected with
+// FILE:LINE before it is parsed: nesting past kMaxNesting (a line of 100 000 '[' recursed
+// until SIGSEGV when printed in an error message), control bytes (a NUL hid the garbage
+// after it), and lines past kMaxLineBytes (a 1.2 GB line in a small .gz ran out of memory).
+TEST_F(TraceTest, NestingDeeperThanTheLimitIsRejectedWhereverItIs) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string alloc = "{\"ev\":\"alloc\",\"id\":1,\"bytes\":4194304}\n";
+  const std::vector<std::pair<std::string, std::uint64_t>> cases{
+      {std::string(100000, '[') + "\n", 2},                                            // unclosed
+      {deep + "\n", 2},                                                                // closed
+      {alloc + "{\"ev\":\"host\",\"reads\":[" + deep + "]}\n", 3},                     // a range (printed in the error)
+      {"{\"ev\":\"iter\",\"n\":0,\"x\":" + deep + "}\n", 2},                           // an ignored field
+      {alloc + "{\"ev\":\"kernel\",\"name\":\"k\",\"dur_ns\":" + deep + "}\n", 3},  // a number's place
+  };
+  for (const auto& [body, line] : cases) {
+    EXPECT_EQ(error_of(body), "nesting deeper than 64");
+    EXPECT_EQ(last_line_, line);
+  }
+  EXPECT_EQ(error_of("{\"format\":\"spillway-trace\",\"version\":1,\"p\":" + deep + "}\n", false), "nesting deeper than 64");
+  EXPECT_EQ(last_line_, 1u);
+}
+
+TEST_F(TraceTest, NestingUpToTheLimitIsAcceptedAndBracketsInStringsDoNotCount) {
+  const int inner = kMaxNesting - 1;  // inside the event's own object
+  const std::string ok = std::string(inner, '[') + std::string(inner, ']');
+  EXPECT_EQ(error_of("{\"ev\":\"iter\",\"n\":0,\"x\":" + ok + "}\n"), "");
+  EXPECT_EQ(error_of("{\"ev\":\"iter\",\"n\":0,\"x\":[" + ok + "]}\n"), "nesting deeper than 64");
+  const std::string name = std::string(1000, '[') + "\\\"[{\\\\";  // brackets, an escaped quote, a backslash
+  EXPECT_EQ(error_of("{\"ev\":\"kernel\",\"name\":\"" + name + "\",\"dur_ns\":1,\"reads\":[],\"writes\":[]}\n"), "");
+}
+
+TEST_F(TraceTest, NulAndControlBytesAreRejectedNamingTheLine) {
+  using namespace std::string_literals;
+  EXPECT_EQ(error_of("{\"ev\":\"iter\",\"n\":0}\n{\"ev\":\"iter\",\"n\":1}\0garbage\n"s),
+            "NUL byte at byte 20 of the line (a trace is text: binary or damaged data?)");
+  EXPECT_EQ(last_line_, 3u);
+  EXPECT_EQ(error_of("\0\n"s), "NUL byte at byte 1 of the line (a trace is text: binary or damaged data?)");
+  EXPECT_EQ(error_of("{\"ev\":\"kernel\",\"name\":\"a\x01\",\"dur_ns\":1}\n"),
+            "control byte 0x01 at byte 25 of the line (a trace is text: binary or damaged data?)");
+  EXPECT_EQ(error_of("{\"ev\":\"iter\",\"n\":0}\x1b[0m\n"), "control byte 0x1b at byte 20 of the line (a trace is text: binary or damaged data?)");
+  EXPECT_NE(error_of("{\"format\":\"spillway-trace\",\"version\":1}\0x\n"s, false).find("NUL byte at byte 40"), std::string::npos);
+  EXPECT_EQ(last_line_, 1u);
+  // Other stray bytes are the parser's to refuse, on their line; tabs and CRLF line ends are text.
+  EXPECT_NE(error_of("{\"ev\":\"iter\",\"n\":0}\x7f\n").find("malformed JSON"), std::string::npos);
+  EXPECT_NE(error_of("{\"ev\":\"iter\",\"n\":0} \xff\n").find("malformed JSON"), std::string::npos);
+  EXPECT_NE(error_of("{\"ev\":\"kernel\",\"name\":\"\xc3\",\"dur_ns\":1}\n").find("malformed JSON"), std::string::npos);
+  EXPECT_EQ(last_line_, 2u);
+  EXPECT_EQ(error_of("{\"ev\":\"iter\",\t\"n\":0}\r\n{\"ev\":\"iter\",\"n\":1}\r\n"), "");
+}
+
+TEST_F(TraceTest, LineLongerThanTheLimitIsRejectedBeforeItIsHeld) {
+  const std::string expected = "line longer than 16777216 bytes (16 MiB, the format's limit; binary or damaged data?)";
+  // At the limit: accepted (a padded ignored field).
+  const std::string prefix = "{\"ev\":\"iter\",\"n\":0,\"pad\":\"";
+  const std::string at_limit = prefix + std::string(kMaxLineBytes - prefix.size() - 2, 'a') + "\"}";
+  ASSERT_EQ(at_limit.size(), kMaxLineBytes);
+  EXPECT_EQ(error_of(at_limit + "\n"), "");
+  EXPECT_EQ(error_of(at_limit), "") << "the last line, without its newline";
+  // One byte over, with or without a newline, plain and in a gzip file that is far smaller.
+  EXPECT_EQ(error_of(at_limit + "a\n"), expected);
+  EXPECT_EQ(last_line_, 2u);
+  EXPECT_EQ(error_of("{\"ev\":\"iter\",\"n\":0}\n" + at_limit + "a"), expected);
+  EXPECT_EQ(last_line_, 3u);
+  const std::string gz = (dir_ / "long.jsonl.gz").string();
+  gzFile f = gzopen(gz.c_str(), "wb9");
+  ASSERT_NE(f, nullptr);
+  const std::string h = header(), chunk(1 << 20, 'a');
+  gzwrite(f, h.data(), static_cast<unsigned>(h.size()));
+  for (int i = 0; i < 40; ++i) gzwrite(f, chunk.data(), static_cast<unsigned>(chunk.size()));  // 40 MiB, no newline
+  gzclose(f);
+  EXPECT_LT(fs::file_size(gz), 1u << 20);
+  try {
+    read_trace(gz);
+    FAIL() << "a 40 MiB line was accepted";
+  } catch (const TraceError& e) {
+    EXPECT_EQ(e.line(), 2u);
+    EXPECT_EQ(e.message(), expected);
+  }
+}
+
+TEST_F(TraceTest, MoreValuesThanTheLimitInOneLineAreRejected) {
+  // {"ev":"iter","n":0,"x":[0,...]} with k zeros counts k + 4 (the top object, each
+  // container's first value, one after each comma); commas inside strings do not count.
+  auto line = [](std::size_t k) {
+    std::string zeros;
+    zeros.reserve(2 * k);
+    for (std::size_t i = 0; i < k; ++i) zeros += i == 0 ? "0" : ",0";
+    return "{\"ev\":\"iter\",\"n\":0,\"x\":[" + zeros + "]}\n";
+  };
+  EXPECT_EQ(error_of(line(kMaxLineValues - 4)), "");
+  EXPECT_EQ(error_of(line(kMaxLineValues - 3)), "more than 1048576 values in one line (the format's limit)");
+  EXPECT_EQ(last_line_, 2u);
+  EXPECT_EQ(error_of("{\"ev\":\"iter\",\"n\":0,\"s\":\"" + std::string(2 * kMaxLineValues, ',') + "\"}\n"), "");
+}
+
+TEST_F(TraceTest, ErrorMessagesStayShortWhateverTheLineHolds) {
+  // The parser's "last read" token and a bad value quoted back are cut, not copied whole.
+  const std::string huge(1 << 20, '7');
+  for (const std::string& body : {"{\"ev\":\"iter\",\"n\":\"" + huge + "\n", "{\"ev\":\"iter\",\"n\":\"" + huge + "\"}\n",
+                                  "{\"ev\":\"alloc\",\"id\":1,\"bytes\":100}\n{\"ev\":\"host\",\"reads\":[[\"" + huge + "\"]]}\n"}) {
+    const std::string message = error_of(body);
+    EXPECT_FALSE(message.empty());
+    EXPECT_LT(message.size(), 400u) << message.substr(0, 400);
+    EXPECT_EQ(message.find('\n'), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace spillway::trace

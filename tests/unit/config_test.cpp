@@ -3,15 +3,25 @@
 #include "spillway/config.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
+#include <regex>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "spillway/output_file.h"
 #include "spillway/policy.h"
+#include "spillway/report.h"
 #include "policy_registry.h"
 
 namespace spillway {
@@ -260,6 +270,129 @@ TEST(Config, RankComesFromTheLaunchersVariables) {
   set("LOCAL_RANK", "");
   EXPECT_EQ(rank_from_environment(), "0");
   for (const Saved& s : saved) set(s.name.c_str(), s.value ? s.value->c_str() : nullptr);
+}
+
+}  // namespace
+}  // namespace spillway
+
+namespace spillway {
+namespace {
+
+// SPILLWAY_STATE_MEMORY and `--state-memory` (sweep, replay, run) share one rule
+// (parse_state_memory, reached through set_option): the same values pass and fail both
+// ways, 'unlimited' included, with one message listing what is accepted.
+TEST(Config, StateMemoryHasOneRuleForTheVariableAndTheOption) {
+  const std::vector<std::pair<const char*, std::uint64_t>> good{
+      {"16MiB", 16ull << 20}, {"1GiB", 1ull << 30}, {" 256MiB ", 256ull << 20}, {"16777216", 16ull << 20},
+      {"unlimited", kUnlimitedStateMemory}, {"UNLIMITED", kUnlimitedStateMemory}, {" Unlimited\t", kUnlimitedStateMemory}};
+  for (const auto& [text, bytes] : good) {
+    EXPECT_EQ(parse_state_memory(text), std::optional<std::uint64_t>(bytes)) << text;
+    ConfigResult r = read_with({{"SPILLWAY_STATE_MEMORY", text}});
+    EXPECT_TRUE(r.errors.empty()) << text;
+    EXPECT_EQ(r.config.state_memory, bytes) << text;
+  }
+  for (const char* bad : {"8MiB", "16777215", "0", "-1", "lots", "unlimitedx", "un limited", "inf", "50%", "none"}) {
+    EXPECT_EQ(parse_state_memory(bad), std::nullopt) << bad;
+    ConfigResult r = read_with({{"SPILLWAY_STATE_MEMORY", bad}});
+    ASSERT_EQ(r.errors.size(), 1u) << bad;
+    EXPECT_EQ(r.errors[0].message, std::string("invalid value '") + bad +
+                                       "' for SPILLWAY_STATE_MEMORY: expected a size such as 256MiB or 1GiB (at least "
+                                       "16MiB), or 'unlimited' (no bound)");
+    Config c;
+    EXPECT_EQ(set_option(c, "SPILLWAY_STATE_MEMORY", bad, policy_names()), r.errors[0].message) << "the option's message";
+  }
+  EXPECT_EQ(kMinStateMemoryBytes, 16ull << 20);
+}
+
+// The matcher `spillway run` removes an earlier run's per-rank files with (it replaced a
+// std::regex built from the user's file name): the same answers as that regex on ordinary
+// names, and linear time on hostile ones.
+std::regex old_rank_regex(const std::string& name) {
+  std::string expression;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '%' && i + 1 < name.size() && name[i + 1] == 'r') {
+      expression += "[0-9]+";
+      ++i;
+      continue;
+    }
+    if (name[i] == '%' && i + 1 < name.size() && name[i + 1] == '%') ++i;
+    if (std::string_view(".^$|()[]{}*+?\\").find(name[i]) != std::string_view::npos) expression += '\\';
+    expression += name[i];
+  }
+  return std::regex(expression);
+}
+
+TEST(OutputName, MatcherAgreesWithTheRegexItReplaced) {
+  const std::vector<std::string> patterns{"r%r.json", "trace.%r.jsonl.gz", "%r", "%r%r", "a%r1%r", "1%r1", "r%%%r",
+                                          "100%%-%r", "x(%r)[y]*+?.\\^$|{}", "%", "a%", "%%r%r", "%r.%r.%r", "%p%r"};
+  const std::vector<std::string> names{"", "r0.json", "r12.json", "r.json", "rx.json", "r12.jsonx", "trace.3.jsonl.gz",
+                                       "trace..jsonl.gz", "7", "77", "a1", "a11", "a121", "a1211", "1x1", "101",
+                                       "r%5", "r%", "100%-0", "100%%-0", "x(9)[y]*+?.\\^$|{}", "x(9)[y]]*+?.\\^$|{}",
+                                       "%", "a%", "%r1", "%r", "1.2.3", "1..3", "%p4", "%p"};
+  for (const std::string& p : patterns) {
+    const std::regex re = old_rank_regex(p);
+    for (const std::string& n : names) {
+      EXPECT_EQ(matches_output_name(p, n), std::regex_match(n, re)) << "pattern '" << p << "', name '" << n << "'";
+    }
+  }
+}
+
+TEST(OutputName, MatcherIsLinearOnHostileNames) {
+  std::string many_ranks;
+  for (int i = 0; i < 100000; ++i) many_ranks += "%r";
+  const std::string digits(255, '7');
+  const std::vector<std::pair<std::string, std::string>> hostile{
+      {many_ranks + "x", digits},                                        // backtracking's worst case
+      {std::string(127, '%').append("r").append(120, '%').append("%r"), digits},
+      {std::string(100000, '('), std::string(255, '(')},
+      {std::string(50000, '[') + "%r" + std::string(50000, ']'), "[[[1]]]"},
+      {std::string(100000, '*') + std::string(100000, '+'), std::string(255, '*')},
+      {std::string(100000, '\\'), std::string(255, '\\')},
+      {"(" + std::string(1000, '%').append("r") + "*+)\\1", "(" + digits + "*+)\\1"},
+  };
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& [pattern, name] : hostile) EXPECT_FALSE(matches_output_name(pattern, name)) << pattern.substr(0, 40);
+  std::string digit_runs;
+  for (int i = 0; i < 127; ++i) digit_runs += "%r";
+  EXPECT_TRUE(matches_output_name(digit_runs, std::string(254, '1')));
+  EXPECT_FALSE(matches_output_name(digit_runs + "x", std::string(254, '1')));
+  EXPECT_TRUE(matches_output_name("((%%%%%%%r[", "((%%%1["));
+  EXPECT_TRUE(matches_output_name(std::string(126, '(') + "%r" + std::string(126, '['), std::string(126, '(') + "42" + std::string(126, '[')));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+// Every output goes through OutputFile: a full disk is one line naming the file and errno's
+// text, whether the failure comes at a write, the flush or the close.
+TEST(OutputFile, WritesTheFileAndNamesTheFileAndReasonOnFailure) {
+  const auto dir = std::filesystem::temp_directory_path() / ("spillway-output-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "out.csv").string();
+  {
+    OutputFile out(path);
+    out.write("a,b\n");
+    out.write(std::string(100000, 'x'));
+    out.close();
+    out.close();  // (a second close does nothing)
+  }
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}).size(), 100004u);
+  auto error_of = [](const std::string& p, std::size_t bytes) -> std::string {
+    try {
+      OutputFile out(p);
+      out.write(std::string(bytes, 'x'));
+      out.close();
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string missing = (dir / "no-such-dir" / "t.json").string();
+  EXPECT_EQ(error_of(missing, 1), "cannot write " + missing + ": No such file or directory");
+  std::filesystem::remove_all(dir);
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  EXPECT_EQ(error_of("/dev/full", 10), "cannot write /dev/full: No space left on device") << "failure at the flush";
+  EXPECT_EQ(error_of("/dev/full", 1 << 20), "cannot write /dev/full: No space left on device") << "failure at a write";
+  EXPECT_EQ(write_report("/dev/full", Stats{}), "SPILLWAY_REPORT: cannot write /dev/full: No space left on device");
 }
 
 }  // namespace

@@ -4,13 +4,13 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "policy_registry.h"
+#include "spillway/output_file.h"
 
 namespace spillway::sim {
 
@@ -157,19 +157,16 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
 
 void write_timeline(const std::string& path, const CompiledTrace& trace, const CellResult& result,
                     const std::vector<Span>& spans) {
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error(fmt::format("{}: cannot write", path));
+  OutputFile out(path);
   static const char* tracks[] = {"kernels", "H2D prefetch", "D2H eviction", "fault stalls"};
-  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":"
-      << nlohmann::json{{"trace", result.trace}, {"policy", result.policy}, {"link", result.link},
-                        {"capacity_bytes", result.capacity_bytes}}
-             .dump()
-      << ",\"traceEvents\":[\n";
-  out << "{\"ph\":\"M\",\"pid\":1,\"name\":\"process_name\",\"args\":{\"name\":"
-      << nlohmann::json(fmt::format("{} / {} / {}", result.trace, result.policy, result.link)).dump() << "}}";
+  const nlohmann::json about{{"trace", result.trace}, {"policy", result.policy}, {"link", result.link},
+                             {"capacity_bytes", result.capacity_bytes}};
+  out.write(fmt::format("{{\"displayTimeUnit\":\"ms\",\"otherData\":{},\"traceEvents\":[\n", about.dump()));
+  out.write(fmt::format("{{\"ph\":\"M\",\"pid\":1,\"name\":\"process_name\",\"args\":{{\"name\":{}}}}}",
+                        nlohmann::json(fmt::format("{} / {} / {}", result.trace, result.policy, result.link)).dump()));
   for (int t = 0; t < 4; ++t) {
-    out << fmt::format(",\n{{\"ph\":\"M\",\"pid\":1,\"tid\":{},\"name\":\"thread_name\",\"args\":{{\"name\":\"{}\"}}}}", t + 1,
-                       tracks[t]);
+    out.write(fmt::format(",\n{{\"ph\":\"M\",\"pid\":1,\"tid\":{},\"name\":\"thread_name\",\"args\":{{\"name\":\"{}\"}}}}",
+                          t + 1, tracks[t]));
   }
   for (const Span& s : spans) {
     std::string name;
@@ -179,11 +176,11 @@ void write_timeline(const std::string& path, const CompiledTrace& trace, const C
       case Span::d2h: name = "\"evict 2 MiB\""; break;
       case Span::fault: name = "\"fault stall\""; break;
     }
-    out << fmt::format(",\n{{\"ph\":\"X\",\"pid\":1,\"tid\":{},\"name\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}",
-                       static_cast<int>(s.track) + 1, name, s.start_ns / 1e3, s.dur_ns / 1e3);
+    out.write(fmt::format(",\n{{\"ph\":\"X\",\"pid\":1,\"tid\":{},\"name\":{},\"ts\":{:.3f},\"dur\":{:.3f}}}",
+                          static_cast<int>(s.track) + 1, name, s.start_ns / 1e3, s.dur_ns / 1e3));
   }
-  out << "\n]}\n";
-  if (!out) throw std::runtime_error(fmt::format("{}: write failed", path));
+  out.write("\n]}\n");
+  out.close();
 }
 
 std::uint64_t TimelineBreakdown::busy(unsigned track_bits) const {

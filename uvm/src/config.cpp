@@ -181,10 +181,9 @@ bool parse_on_off(std::string_view value, bool* out) {
 bool parse_suballocator(Config& c, std::string_view value, const Names&) { return parse_on_off(value, &c.suballocator); }
 
 bool parse_state_memory(Config& c, std::string_view value, const Names&) {
-  auto n = parse_size(trimmed(value));
-  if (!n || *n < (16ull << 20)) return false;
-  c.state_memory = *n;
-  return true;
+  const auto n = spillway::parse_state_memory(value);
+  if (n) c.state_memory = *n;
+  return n.has_value();
 }
 
 bool parse_fault_feedback(Config& c, std::string_view value, const Names&) { return parse_on_off(value, &c.fault_feedback); }
@@ -255,6 +254,14 @@ std::string set_option(Config& config, std::string_view variable, std::string_vi
                        accepted_text(row, policy_names));
   }
   return fmt::format("unknown setting {}", printable(variable));
+}
+
+std::optional<std::uint64_t> parse_state_memory(std::string_view text) {
+  const std::string v = trimmed(text);
+  if (lower(v) == "unlimited") return kUnlimitedStateMemory;
+  const auto n = parse_size(v);
+  if (!n || *n < kMinStateMemoryBytes) return std::nullopt;
+  return n;
 }
 
 std::uint64_t planned_budget_bytes(const Config& config, std::uint64_t free_bytes, std::uint64_t total_bytes) {

@@ -7,6 +7,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -76,6 +79,107 @@ std::string expand_output_pattern(std::string_view pattern, long pid, std::strin
 
 std::string expand_output_pattern(std::string_view pattern) {
   return expand_output_pattern(pattern, static_cast<long>(::getpid()), rank_from_environment());
+}
+
+namespace {
+
+// One step of a file name pattern (matches_output_name): a byte, one digit, or any number
+// of digits (%r is a digit and then any number).
+struct NameToken {
+  enum Kind : unsigned char { byte, digit, digits } kind;
+  char c;
+};
+
+std::vector<NameToken> name_tokens(std::string_view pattern) {
+  std::vector<NameToken> out;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'r') {
+      out.push_back({NameToken::digit, 0});
+      out.push_back({NameToken::digits, 0});
+      ++i;
+      continue;
+    }
+    if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == '%') ++i;
+    out.push_back({NameToken::byte, pattern[i]});
+  }
+  return out;
+}
+
+}  // namespace
+
+bool matches_output_name(std::string_view name_pattern, std::string_view file_name) {
+  const std::vector<NameToken> tokens = name_tokens(name_pattern);
+  std::size_t least = 0;  // the bytes a match needs
+  for (const NameToken& t : tokens) least += t.kind != NameToken::digits;
+  if (least > file_name.size()) return false;
+  // at[j]: the first j tokens match the bytes read so far (every position at once, as
+  // Thompson's construction runs an automaton: no backtracking).
+  std::vector<char> at(tokens.size() + 1, 0), next(tokens.size() + 1, 0);
+  auto skip_digit_runs = [&](std::vector<char>& s) {  // (a run of digits may be empty)
+    for (std::size_t j = 0; j < tokens.size(); ++j) {
+      if (s[j] && tokens[j].kind == NameToken::digits) s[j + 1] = 1;
+    }
+  };
+  at[0] = 1;
+  skip_digit_runs(at);
+  for (const char c : file_name) {
+    const bool digit = c >= '0' && c <= '9';
+    bool alive = false;
+    std::fill(next.begin(), next.end(), 0);
+    for (std::size_t j = 0; j < tokens.size(); ++j) {
+      if (!at[j]) continue;
+      const NameToken& t = tokens[j];
+      const bool step = t.kind == NameToken::byte ? t.c == c : digit;
+      if (!step) continue;
+      next[t.kind == NameToken::digits ? j : j + 1] = 1;
+      alive = true;
+    }
+    if (!alive) return false;
+    skip_digit_runs(next);
+    at.swap(next);
+  }
+  return at[tokens.size()] != 0;
+}
+
+std::string write_error(std::string_view path, int err) {
+  return fmt::format("cannot write {}: {}", path, err != 0 ? std::strerror(err) : "write failed");
+}
+
+OutputFile::OutputFile(const std::string& path) : path_(path) {
+  errno = 0;
+  file_ = std::fopen(path.c_str(), "w");
+  if (file_ == nullptr) throw std::runtime_error(write_error(path_, errno));
+}
+
+OutputFile::~OutputFile() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void OutputFile::fail(int err) {
+  std::fclose(std::exchange(file_, nullptr));
+  throw std::runtime_error(write_error(path_, err));
+}
+
+void OutputFile::write(std::string_view bytes) {
+  if (file_ == nullptr) throw std::logic_error(fmt::format("{}: written after close", path_));
+  errno = 0;
+  if (std::fwrite(bytes.data(), 1, bytes.size(), file_) != bytes.size()) fail(errno);
+}
+
+void OutputFile::close() {
+  if (file_ == nullptr) return;
+  errno = 0;
+  if (std::fflush(file_) != 0 || std::ferror(file_)) fail(errno);
+  errno = 0;
+  if (std::fclose(std::exchange(file_, nullptr)) != 0) throw std::runtime_error(write_error(path_, errno));
+}
+
+std::string flush_standard_output() {
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = errno;
+  if (flushed && !std::ferror(stdout)) return {};
+  return write_error("standard output", flushed ? 0 : err);  // (0: an earlier write failed, its errno is gone)
 }
 
 namespace {

@@ -1,11 +1,8 @@
 #include "spillway/report.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-
 #include <fmt/format.h>
 
+#include "spillway/output_file.h"
 #include "spillway/size.h"
 
 namespace spillway {
@@ -118,14 +115,12 @@ nlohmann::json stats_json(const Stats& s) {
 
 std::string write_report(const std::string& path, const Stats& stats) {
   try {
-    std::ofstream out(path, std::ios::trunc);
-    if (!out) return fmt::format("cannot write SPILLWAY_REPORT file '{}': {}", path, std::strerror(errno));
-    out << stats_json(stats).dump(2) << '\n';
+    OutputFile out(path);
+    out.write(stats_json(stats).dump(2) + '\n');
     out.close();
-    if (!out) return fmt::format("cannot write SPILLWAY_REPORT file '{}': write failed", path);
     return {};
-  } catch (const std::exception& e) {
-    return fmt::format("cannot write SPILLWAY_REPORT file '{}': {}", path, e.what());
+  } catch (const std::exception& e) {  // (OutputFile's "cannot write PATH: ...", or bad_alloc)
+    return fmt::format("SPILLWAY_REPORT: {}", e.what());
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -29,6 +30,87 @@ std::string type_name(const json& v) {
   if (v.is_array()) return "an array";
   if (v.is_object()) return "an object";
   return "a number";
+}
+
+// What the JSON parser must not be given, in a line's bytes: a control byte other than tab
+// and carriage return (JSON allows none outside strings, none unescaped inside them; the
+// parser would stop at a NUL and accept what comes before it), arrays and objects nested
+// deeper than kMaxNesting (copying and printing a parsed value recurse once a level), or
+// more than kMaxLineValues values (the parsed line takes 16 bytes a value, and freeing it
+// as much again). One pass; what is inside strings does not count. Empty when none.
+std::string line_problem(std::string_view text) {
+  int depth = 0;
+  std::size_t values = 1;  // a bound on the values: the top one, each container's first, one after each comma
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 && c != '\t' && c != '\r') {
+      return fmt::format("{} at byte {} of the line (a trace is text: binary or damaged data?)",
+                         c == 0 ? std::string("NUL byte") : fmt::format("control byte 0x{:02x}", c), i + 1);
+    }
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxNesting) return fmt::format("nesting deeper than {}", kMaxNesting);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+    if ((c == '[' || c == '{' || c == ',') && ++values > kMaxLineValues) {
+      return fmt::format("more than {} values in one line (the format's limit)", kMaxLineValues);
+    }
+  }
+  return {};
+}
+
+// `text` cut to `limit` bytes, for an error message: it stays one short line whatever a
+// value or the parser's "last read" token holds.
+std::string cut(std::string text, std::size_t limit) {
+  if (text.size() <= limit) return text;
+  std::size_t end = limit - 3;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;  // (not inside a UTF-8 character)
+  return text.substr(0, end) + "...";
+}
+
+// A value quoted in an error message: its JSON text, cut to 80 bytes.
+std::string shown(const json& v) { return cut(v.dump(-1, ' ', false, json::error_handler_t::replace), 80); }
+
+// Frees what `v` holds, children first, so that no destructor allocates: ~basic_json moves
+// a container's children into a heap vector (to free deep values without recursion), and a
+// bad_alloc there, in a noexcept destructor, is std::terminate. The recursion is bounded:
+// only lines nested at most kMaxNesting deep are parsed.
+void release(json& v) noexcept {
+  if (v.is_array()) {
+    for (json& e : v) release(e);
+    v.get_ref<json::array_t&>().clear();  // (scalars and empty containers: nothing allocates)
+  } else if (v.is_object()) {
+    for (auto& [key, e] : v.get_ref<json::object_t&>()) release(e);
+    v.get_ref<json::object_t&>().clear();
+  }
+}
+
+// Releases a parsed line on every way out of its scope.
+struct Released {
+  json& value;
+  ~Released() { release(value); }
+};
+
+// Checks `text` (line_problem) and parses it into `out`, in place: a value cut short by a
+// syntax error or by memory running out stays in `out`, for its Released to free. Returns
+// the problem ("`what`: the parser's message" for malformed JSON), empty when none.
+std::string parse_line(const std::string& text, json& out, std::string_view what) {
+  if (std::string problem = line_problem(text); !problem.empty()) return problem;
+  try {
+    nlohmann::detail::json_sax_dom_parser<json> dom(out);  // (what json::parse does, into `out`)
+    json::sax_parse(text, &dom);
+  } catch (const json::exception& e) {  // parse_error; out_of_range for numbers such as 1e1500
+    return fmt::format("{}: {}", what, cut(e.what(), 240));
+  }
+  return {};
 }
 
 }  // namespace
@@ -218,43 +300,49 @@ void Reader::read_header() {
     fail("empty file: expected the header {\"format\":\"spillway-trace\",\"version\":1,...} on line 1");
   }
   json h;
-  try {
-    h = json::parse(text);
-  } catch (const json::exception& e) {  // parse_error; out_of_range for numbers such as 1e1500
-    fail(fmt::format("malformed JSON in the header: {}", e.what()));
-  }
+  Released free_h{h};
+  if (std::string problem = parse_line(text, h, "malformed JSON in the header"); !problem.empty()) fail(problem);
   if (!h.is_object() || !h.contains("format")) {
     fail("missing header: line 1 must be {\"format\":\"spillway-trace\",\"version\":1,...}");
   }
   if (!h["format"].is_string() || h["format"].get<std::string>() != kFormatName) {
-    fail(fmt::format("unknown format {}: expected \"spillway-trace\"", h["format"].dump()));
+    fail(fmt::format("unknown format {}: expected \"spillway-trace\"", shown(h["format"])));
   }
   if (!h.contains("version")) fail("header has no \"version\" (this build reads version 1)");
   const json& v = h["version"];
   if (!v.is_number_unsigned() || v.get<std::uint64_t>() != static_cast<std::uint64_t>(kVersion)) {
-    fail(fmt::format("unsupported trace version {} (this build reads version 1)", v.dump()));
+    fail(fmt::format("unsupported trace version {} (this build reads version 1)", shown(v)));
   }
   header_ = std::move(h);
 }
 
-Reader::~Reader() = default;
+Reader::~Reader() { release(header_); }
 
 void Reader::fail(const std::string& message) const { throw TraceError(path_, line_, message); }
 
 bool Reader::read_line(std::string& line) {
   line.clear();
+  // (Checked before each append: a line of gigabytes inside a small gzip file stops here,
+  // holding at most kMaxLineBytes.)
+  auto append = [&](const char* start, std::size_t n) {
+    if (n > kMaxLineBytes - line.size()) {
+      ++line_;
+      fail(fmt::format("line longer than {} bytes (16 MiB, the format's limit; binary or damaged data?)", kMaxLineBytes));
+    }
+    line.append(start, n);
+  };
   for (;;) {
     if (buffer_pos_ < buffer_end_) {
       const char* start = buffer_.data() + buffer_pos_;
       const void* nl = std::memchr(start, '\n', buffer_end_ - buffer_pos_);
       if (nl != nullptr) {
         std::size_t n = static_cast<const char*>(nl) - start;
-        line.append(start, n);
+        append(start, n);
         buffer_pos_ += n + 1;
         ++line_;
         return true;
       }
-      line.append(start, buffer_end_ - buffer_pos_);
+      append(start, buffer_end_ - buffer_pos_);
       buffer_pos_ = buffer_end_;
     }
     if (eof_) {
@@ -282,7 +370,7 @@ std::uint64_t get_uint(const json& o, const char* field, const std::function<voi
   auto it = o.find(field);
   if (it == o.end()) fail(fmt::format("missing field \"{}\"", field));
   if (!it->is_number_unsigned()) {
-    fail(fmt::format("\"{}\" must be a non-negative integer, not {} ({})", field, type_name(*it), it->dump()));
+    fail(fmt::format("\"{}\" must be a non-negative integer, not {} ({})", field, type_name(*it), shown(*it)));
   }
   return it->get<std::uint64_t>();
 }
@@ -301,7 +389,7 @@ void Reader::parse_ranges(const json& o, const char* field, std::vector<Range>& 
       range.id = r.get<std::uint64_t>();
     } else if (r.is_array()) {
       if (r.size() != 3 || !r[0].is_number_unsigned() || !r[1].is_number_unsigned() || !r[2].is_number_unsigned()) {
-        fail(fmt::format("bad range {} in \"{}\": expected [id, offset, bytes], non-negative integers", r.dump(), field));
+        fail(fmt::format("bad range {} in \"{}\": expected [id, offset, bytes], non-negative integers", shown(r), field));
       }
       range.id = r[0].get<std::uint64_t>();
       range.offset = r[1].get<std::uint64_t>();
@@ -309,7 +397,7 @@ void Reader::parse_ranges(const json& o, const char* field, std::vector<Range>& 
       range.whole = false;
     } else {
       fail(fmt::format("bad entry {} in \"{}\": expected a block id (non-negative integer) or [id, offset, bytes]",
-                       r.dump(), field));
+                       shown(r), field));
     }
     auto live = live_.find(range.id);
     if (live == live_.end()) {
@@ -327,11 +415,8 @@ void Reader::parse_ranges(const json& o, const char* field, std::vector<Range>& 
 
 void Reader::parse_event(const std::string& text, Event& ev) {
   json o;
-  try {
-    o = json::parse(text);
-  } catch (const json::exception& e) {  // parse_error; out_of_range for numbers such as 1e1500
-    fail(fmt::format("malformed JSON: {}", e.what()));
-  }
+  Released free_o{o};
+  if (std::string problem = parse_line(text, o, "malformed JSON"); !problem.empty()) fail(problem);
   if (!o.is_object()) fail("each line must be a JSON object");
   auto kind = o.find("ev");
   if (kind == o.end()) fail("missing field \"ev\" (the event type)");
@@ -376,7 +461,7 @@ void Reader::parse_event(const std::string& text, Event& ev) {
                dur->get<double>() < 1.8e19) {
       ev.dur_ns = static_cast<std::uint64_t>(std::llround(dur->get<double>()));
     } else {
-      fail(fmt::format("\"dur_ns\" must be a non-negative number of nanoseconds, not {} ({})", type_name(*dur), dur->dump()));
+      fail(fmt::format("\"dur_ns\" must be a non-negative number of nanoseconds, not {} ({})", type_name(*dur), shown(*dur)));
     }
     if (ev.dur_ns > kMaxKernelNs) fail(fmt::format("\"dur_ns\" {} exceeds the 2^50 ns (about 13 days) a kernel may take", ev.dur_ns));
     ev.stream = 0;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,6 +79,17 @@ ConfigResult read_config(const std::vector<std::string_view>& policy_names,
 // `variable` is e.g. "SPILLWAY_BUDGET". Used by `spillway run` to check options before exec.
 std::string set_option(Config& config, std::string_view variable, std::string_view value,
                        const std::vector<std::string_view>& policy_names);
+
+// SPILLWAY_STATE_MEMORY's one rule, which `spillway run`, `sweep` and `replay
+// --state-memory` and the shim's environment all go through (set_option): a size of at
+// least kMinStateMemoryBytes in parse_size()'s forms (256MiB, 1GiB, 2000000000), or
+// "unlimited" (no bound: kUnlimitedStateMemory, the policies' own "no limit"); any case,
+// surrounding spaces ignored. Returns the bytes, or nullopt for anything else; set_option()
+// then gives the one error message, which lists the accepted values (config.def's row).
+// Pure; thread-safe.
+inline constexpr std::uint64_t kMinStateMemoryBytes = 16ull << 20;
+inline constexpr std::uint64_t kUnlimitedStateMemory = UINT64_MAX;
+std::optional<std::uint64_t> parse_state_memory(std::string_view text);
 
 // The GPU bytes the Engine plans for on a device with `free_bytes` of `total_bytes` free
 // (cuMemGetInfo at the first allocation): SPILLWAY_BUDGET resolved against the total, and

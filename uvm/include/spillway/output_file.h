@@ -4,10 +4,44 @@
 // process writes.
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <string_view>
 
 namespace spillway {
+
+// The one-line message for a file that could not be written: "cannot write PATH: REASON",
+// REASON being strerror(err) (e.g. "cannot write /dev/full: No space left on device").
+std::string write_error(std::string_view path, int err);
+
+// A file a command writes whole: a CSV, a timeline, a report. The constructor creates or
+// truncates it; write() appends through a buffer; close() flushes and closes it. Every
+// output of the `spillway` command and the shim's report goes through it, so that a full
+// disk, a quota or /dev/full is an error naming the file, never a short file and status 0.
+// Errors: the first failure of open, write, flush or close throws std::runtime_error with
+// write_error()'s message (errno read where the call failed); the object is closed then.
+// The destructor closes a file not closed yet and loses its errors: call close(). Not
+// thread-safe: one thread per object.
+class OutputFile {
+ public:
+  explicit OutputFile(const std::string& path);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  void write(std::string_view bytes);
+  void close();
+  const std::string& path() const { return path_; }
+
+ private:
+  [[noreturn]] void fail(int err);
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// Flushes standard output (std::cout writes through it) and returns write_error("standard
+// output", ...) when this or an earlier write to it failed, else "". Call once, before exit.
+std::string flush_standard_output();
 
 // Creates `path` for the calling process alone (open(2) with O_CREAT | O_EXCL, mode 0644
 // less the umask) and returns it. If it exists — written by another process of the same
@@ -43,5 +77,12 @@ std::string expand_output_pattern(std::string_view pattern, long pid, std::strin
 
 // expand_output_pattern() for the calling process (getpid(), rank_from_environment()).
 std::string expand_output_pattern(std::string_view pattern);
+
+// Whether `file_name` is a name the one-component pattern `name_pattern` gives for some
+// rank: each %r matches one or more decimal digits, %% a '%', and every other byte itself
+// (%p included: callers keep per-process names). `spillway run` removes an earlier run's
+// files with it. No regular expression: O(name x pattern) time, which a file name's 255
+// bytes bound, whatever bytes either holds. Pure; thread-safe.
+bool matches_output_name(std::string_view name_pattern, std::string_view file_name);
 
 }  // namespace spillway

@@ -9,6 +9,7 @@
 // Neither class is thread-safe; separate instances may be used from separate threads.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -27,6 +28,17 @@ inline constexpr int kVersion = 1;
 // simulator derives within 64 bits.
 inline constexpr std::uint64_t kMaxBlockBytes = 1ull << 44;
 inline constexpr std::uint64_t kMaxKernelNs = 1ull << 50;
+// Limits on a line's text, checked before it is parsed (docs/trace-format.md): at most
+// kMaxLineBytes bytes (16 MiB, the `\n` not counted; the largest lines the shim and the
+// converters write are a few KiB), at most kMaxLineValues JSON values (array elements,
+// object members and the containers themselves: 2^20, a kernel reading 250 000 ranges),
+// arrays and objects nested at most kMaxNesting deep (an event needs 3), and no control
+// byte other than tab and carriage return (a NUL is binary or damaged data, never text).
+// They keep the reader's memory (under 100 MB for the worst line) and stack bounded
+// whatever the file holds.
+inline constexpr std::size_t kMaxLineBytes = std::size_t{16} << 20;
+inline constexpr std::size_t kMaxLineValues = std::size_t{1} << 20;
+inline constexpr int kMaxNesting = 64;
 inline constexpr const char* kFormatName = "spillway-trace";
 
 // A malformed or unreadable trace. what() is "FILE:LINE: message" (LINE counts from 1; 0
@@ -88,7 +100,9 @@ class ByteSource;  // trace.cpp: the file's bytes, inflated when it is gzip
 // malformed JSON, a truncated or corrupt file, a missing/unknown header or version, unknown
 // event types, missing fields, negative, fractional or non-numeric sizes, ids and durations,
 // ids used before their alloc or after their free, duplicate live ids, ranges outside their
-// block. Throws TraceError on the first problem.
+// block, a line over kMaxLineBytes or kMaxLineValues, nesting over kMaxNesting, control
+// bytes. Throws TraceError on the first problem (std::bad_alloc only when memory runs out).
+// Memory: one line of at most kMaxLineBytes, its parsed JSON and the table of live blocks.
 class Reader {
  public:
   explicit Reader(const std::string& path);

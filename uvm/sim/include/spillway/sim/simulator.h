@@ -87,7 +87,8 @@ std::string describe(const TimelineBreakdown& b);
 
 // Writes `spans` as a Chrome/Perfetto trace-event JSON file (open in ui.perfetto.dev or
 // chrome://tracing): kernels, prefetches, evictions and fault stalls on their own tracks.
-// Throws std::runtime_error when the file cannot be written.
+// Throws std::runtime_error "cannot write PATH: REASON" (spillway/output_file.h's OutputFile)
+// when the file cannot be opened, written, flushed or closed.
 void write_timeline(const std::string& path, const CompiledTrace& trace, const CellResult& result,
                     const std::vector<Span>& spans);
 
