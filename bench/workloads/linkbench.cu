@@ -4,6 +4,12 @@
 // resident on the host), and the cost of a far fault (one touch per 2 MiB / 64 KiB, so the
 // time is dominated by fault handling). Pinned cudaMemcpy is the reference.
 //   linkbench [--bytes 4GiB]      (managed memory used: that many bytes, once)
+//   linkbench --bytes N --matrix  the call-shape matrix instead, one JSON object: for each
+//                 call size from 64 KiB to 512 MiB, each way, the bandwidth and the time per
+//                 call of back-to-back cudaMemPrefetchAsync calls over the N GiB; then the same
+//                 2 MiB pieces handed over in cudaMemPrefetchBatchAsync calls of 16 and 256
+//                 ranges (CUDA 13), contiguous and every other chunk. The simulator's link
+//                 model takes its per-call costs from these points (docs/simulator.md).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -48,9 +54,80 @@ static void to_host(unsigned char* p, size_t bytes) {
   std::memset(p, 1, bytes);
 }
 
+// Each way once over `bytes` (host first): back-to-back prefetches of `piece` bytes, or
+// batches of `batch` pieces `gap` pieces apart (gap 1: contiguous). Prints the fields
+// "<name>_h2d_GBps", "<name>_h2d_us_per_call" and the same for d2h, where a call is one
+// driver call (a batch is one call). Only the pieces moved count as bytes.
+static void shape(const char* name, unsigned char* p, size_t bytes, size_t piece, size_t batch, size_t gap,
+                  cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int dev) {
+  const cudaMemLocation where[2] = {{cudaMemLocationTypeDevice, dev}, {cudaMemLocationTypeHost, 0}};
+  const char* way[2] = {"h2d", "d2h"};
+  to_host(p, bytes);
+  for (int w = 0; w < 2; ++w) {
+    size_t calls = 0, moved = 0;
+    void* ptrs[256];
+    size_t sizes[256];
+    CHECK(cudaEventRecord(e0, s));
+    for (size_t off = 0; off + piece <= bytes;) {
+      if (batch == 0) {
+        CHECK(cudaMemPrefetchAsync(p + off, piece, where[w], 0, s));
+        off += piece;
+        moved += piece;
+      } else {
+        size_t n = 0;
+        for (; n < batch && off + piece <= bytes; ++n, off += piece * gap) {
+          ptrs[n] = p + off;
+          sizes[n] = piece;
+        }
+        size_t loc_index = 0;
+        cudaMemLocation loc = where[w];
+        CHECK(cudaMemPrefetchBatchAsync(ptrs, sizes, n, &loc, &loc_index, 1, 0, s));
+        moved += n * piece;
+      }
+      ++calls;
+    }
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    const double ms = elapsed_ms(e0, e1);
+    std::printf(", \"%s_%s_GBps\": %.2f, \"%s_%s_us_per_call\": %.1f", name, way[w], moved / 1e9 / (ms / 1e3), name,
+                way[w], ms * 1e3 / calls);
+  }
+}
+
+static int matrix(unsigned char* p, size_t bytes, cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1, int dev) {
+  char name[64];
+  for (size_t piece : {size_t(64) << 10, size_t(2) << 20, size_t(8) << 20, size_t(32) << 20, size_t(128) << 20,
+                       size_t(512) << 20}) {
+    std::snprintf(name, sizeof name, "prefetch_%zuKiB", piece >> 10);
+    shape(name, p, bytes, piece, 0, 1, s, e0, e1, dev);
+  }
+  for (size_t batch : {size_t(16), size_t(256)}) {
+    for (size_t gap : {size_t(1), size_t(2)}) {
+      std::snprintf(name, sizeof name, "batch%zu_2048KiB_%s", batch, gap == 1 ? "contiguous" : "every_other");
+      shape(name, p, bytes, size_t(2) << 20, batch, gap, s, e0, e1, dev);
+    }
+  }
+  std::printf("}\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   size_t bytes = 4ull << 30;
-  if (argc == 3 && !std::strcmp(argv[1], "--bytes")) bytes = std::strtoull(argv[2], nullptr, 10) << 30;
+  bool call_matrix = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--bytes") && i + 1 < argc) {
+      bytes = std::strtoull(argv[++i], nullptr, 10) << 30;
+    } else if (!std::strcmp(argv[i], "--matrix")) {
+      call_matrix = true;
+    } else {
+      std::fprintf(stderr, "linkbench: unknown argument '%s' (accepted: --bytes GiB, --matrix)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (bytes == 0 || bytes > (32ull << 30)) {
+    std::fprintf(stderr, "linkbench: --bytes takes 1 to 32 (GiB of managed memory)\n");
+    return 2;
+  }
   int dev = 0;
   CHECK(cudaSetDevice(dev));
   cudaDeviceProp prop;
@@ -67,6 +144,7 @@ int main(int argc, char** argv) {
   const cudaMemLocation gpu{cudaMemLocationTypeDevice, dev}, host{cudaMemLocationTypeHost, 0};
   double gb = bytes / 1e9;
   std::printf("{\"device\": \"%s\", \"bytes\": %zu", prop.name, bytes);
+  if (call_matrix) return matrix(p, bytes, s, e0, e1, dev);
 
   for (size_t piece : {size_t(2) << 20, size_t(64) << 10}) {
     to_host(p, bytes);
