@@ -95,6 +95,13 @@ int CudaBackend::current_device() {
   return dev;
 }
 
+std::uint64_t CudaBackend::current_context() {
+  ShimCallScope scope;
+  CUcontext ctx = nullptr;
+  if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) return 0;
+  return reinterpret_cast<std::uint64_t>(ctx);
+}
+
 bool CudaBackend::concurrent_managed_access() {
   ShimCallScope scope;
   if (real().cuDeviceGetAttribute == nullptr) return false;
@@ -136,7 +143,7 @@ std::uint64_t g_launches = 0;                                               // g
 // The contexts the program allocated or launched in (CudaBackend::record_fence records on
 // each: the legacy default stream of one context does not follow another's work; CUDA
 // Programming Guide, "Default Stream": it is per context). Few: one per device in use, as a
-// rule. Each with its device (cuDevicePrimaryCtxReset/Release forget a device's). Guarded by
+// rule. Each with its device. Guarded by
 // g_contexts_mutex (a leaf: taken with g_streams_mutex held, never the other way).
 std::mutex g_contexts_mutex;
 std::vector<std::pair<CUcontext, int>>& g_contexts = *new std::vector<std::pair<CUcontext, int>>;
@@ -451,17 +458,6 @@ void forget_context(CUcontext ctx) {
   std::erase_if(g_tails, [ctx](const FenceEventPtr& t) { return t->ctx == ctx; });
   std::erase_if(g_capturing, [ctx](const auto& c) { return c.second == ctx; });
   backend_instance().forget_streams_of(ctx);
-}
-
-void forget_device_contexts(int device) {
-  std::vector<CUcontext> gone;
-  {
-    std::lock_guard registry(g_contexts_mutex);
-    for (const auto& [ctx, d] : g_contexts) {
-      if (d == device) gone.push_back(ctx);
-    }
-  }
-  for (CUcontext ctx : gone) forget_context(ctx);
 }
 
 namespace {

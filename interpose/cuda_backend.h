@@ -20,6 +20,7 @@ class CudaBackend final : public Backend {
   std::uint64_t host_memory_bytes() override;
   bool concurrent_managed_access() override;
   int current_device() override;
+  std::uint64_t current_context() override;
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override;
   Result free_managed(std::uint64_t addr) override;
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) override;
@@ -128,12 +129,11 @@ void note_capture_ended(CUstream stream);
 // Whether [addr, addr + bytes) may be used by work captured in a capture still in progress
 // (a kernel captured with a pointer into it; hooks_launch.cpp). Thread-safe.
 bool used_by_capture(std::uint64_t addr, std::uint64_t bytes);
-// The program is about to destroy `ctx` (cuCtxDestroy; a primary context: forget_device_contexts): fences stop
-// recording in it, and the shim's streams and events there are forgotten. Thread-safe.
+// The program is about to destroy `ctx` (cuCtxDestroy, cuDevicePrimaryCtxReset) or has just
+// released a primary context for the last time: fences stop recording in it, and the shim's
+// streams and events there are forgotten (only its own: other contexts on its device keep
+// theirs). Thread-safe.
 void forget_context(CUcontext ctx);
-// The same for every context registered on `device` (its primary context was reset, or released
-// for the last time; the others are registered again at their next allocation or launch).
-void forget_device_contexts(int device);
 // The lock an eviction holds while it orders the host stream after other streams: the
 // capture-begin hooks hold it across the real call, so that no capture begins meanwhile.
 std::unique_lock<std::mutex> lock_launch_streams();

@@ -401,8 +401,10 @@ CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   // succeeds), so a NULL argument gets exactly the driver's own answer.
   CUresult r = real().cuMemGetInfo_v2(free, total);
   if (r != CUDA_SUCCESS) return r;
+  // (The sub-allocator's ranges count as far as blocks fill them: room freed in them is room
+  // the program may allocate again.)
   std::uint64_t cap = e->max_managed_bytes();
-  std::uint64_t used = e->managed_bytes();
+  std::uint64_t used = e->reported_used_bytes();
   if (total != nullptr) *total = cap;
   if (free != nullptr) *free = used < cap ? cap - used : 0;
   return CUDA_SUCCESS;
@@ -412,10 +414,24 @@ CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
 // real answer. A block the sub-allocator carved from one of its ranges is an allocation of
 // its own to the program, as the driver would have made it: its range start and size are
 // the block's, and its buffer id is the block's own (the Engine's id with the top bit set,
-// apart from the driver's small counters), never the range's. A pointer into a range's free
-// space is no allocation: CUDA_ERROR_NOT_FOUND / CUDA_ERROR_INVALID_VALUE, as the driver
-// answers for memory it never allocated.
+// apart from the driver's small counters), never the range's; its context and device are the
+// range's, which was made in the block's own context (Engine::allocate). A pointer into a
+// range's free space is no allocation: it gets the driver's answer for an address that no
+// allocation holds (kNoAllocation), in every attribute, as freed memory would.
 namespace {
+
+// An address no allocation holds: the first page, which Linux never maps (vm.mmap_min_addr).
+constexpr CUdeviceptr kNoAllocation = 0x1000;
+
+// The driver's answer for kNoAllocation, made the answer for `ptr`: an attribute that echoes
+// the address asked about (an unallocated address's host pointer is that address: driver
+// 580.159.04 on an H200, docs/gpu-results.md) names `ptr`, not kNoAllocation.
+void readdress(CUpointer_attribute attribute, void* data, CUdeviceptr ptr) {
+  if (data == nullptr) return;
+  const bool address = attribute == CU_POINTER_ATTRIBUTE_HOST_POINTER || attribute == CU_POINTER_ATTRIBUTE_DEVICE_POINTER ||
+                       attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR;
+  if (address && *static_cast<CUdeviceptr*>(data) == kNoAllocation) *static_cast<CUdeviceptr*>(data) = ptr;
+}
 
 std::optional<Block> carved_block(CUdeviceptr ptr, bool* in_range_gap) {
   *in_range_gap = false;
@@ -441,28 +457,26 @@ bool block_attribute(const Block& b, CUpointer_attribute attribute, void* data) 
 
 CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   interpose::ensure_driver();
-  CUresult r = real().cuPointerGetAttribute(data, attribute, ptr);
   bool gap = false;
-  if (r == CUDA_SUCCESS && data != nullptr) {
-    if (std::optional<Block> b = carved_block(ptr, &gap)) block_attribute(*b, attribute, data);
-    else if (gap && (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE ||
-                     attribute == CU_POINTER_ATTRIBUTE_BUFFER_ID)) {
-      return CUDA_ERROR_INVALID_VALUE;
-    }
-  }
+  std::optional<Block> b = carved_block(ptr, &gap);
+  CUresult r = real().cuPointerGetAttribute(data, attribute, gap ? kNoAllocation : ptr);
+  if (r == CUDA_SUCCESS && gap) readdress(attribute, data, ptr);
+  if (r == CUDA_SUCCESS && data != nullptr && b) block_attribute(*b, attribute, data);
   return r;
 }
 
 CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes, void** data,
                                 CUdeviceptr ptr) {
   interpose::ensure_driver();
-  CUresult r = real().cuPointerGetAttributes(numAttributes, attributes, data, ptr);
   bool gap = false;
-  if (r != CUDA_SUCCESS || attributes == nullptr || data == nullptr) return r;
-  if (std::optional<Block> b = carved_block(ptr, &gap)) {
-    for (unsigned i = 0; i < numAttributes; ++i) {
-      if (data[i] != nullptr) block_attribute(*b, attributes[i], data[i]);
-    }
+  std::optional<Block> b = carved_block(ptr, &gap);
+  CUresult r = real().cuPointerGetAttributes(numAttributes, attributes, data, gap ? kNoAllocation : ptr);
+  if (r == CUDA_SUCCESS && gap && attributes != nullptr && data != nullptr) {
+    for (unsigned i = 0; i < numAttributes; ++i) readdress(attributes[i], data[i], ptr);
+  }
+  if (r != CUDA_SUCCESS || attributes == nullptr || data == nullptr || !b) return r;
+  for (unsigned i = 0; i < numAttributes; ++i) {
+    if (data[i] != nullptr) block_attribute(*b, attributes[i], data[i]);
   }
   return r;
 }

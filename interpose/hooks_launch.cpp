@@ -886,33 +886,85 @@ CUresult cuLibraryUnload(CUlibrary library) {
   return real().cuLibraryUnload(library);
 }
 
+// The end of a context. The driver frees the managed memory made in it (cuCtxDestroy:
+// "Destroys and cleans up all resources associated with the context"; cuDevicePrimaryCtxReset:
+// "Destroy all allocations and reset all state on the primary context"; the last
+// cuDevicePrimaryCtxRelease destroys it; CUDA Driver API, Context and Primary Context
+// Management): the Engine's blocks and ranges of that context end with it, and no other's
+// (Engine::begin_context_end, finish_context_end).
+namespace {
+
+std::uint64_t handle_of(CUcontext ctx) { return reinterpret_cast<std::uint64_t>(ctx); }
+
+// The primary context of `dev` while it is active, else nullptr. (A retain of an active
+// primary context only counts one use more, and the release gives it back at once.)
+CUcontext active_primary(CUdevice dev) {
+  if (real().cuDevicePrimaryCtxGetState == nullptr || real().cuDevicePrimaryCtxRetain == nullptr) return nullptr;
+  interpose::ShimCallScope scope;
+  unsigned flags = 0;
+  int active = 0;
+  CUcontext ctx = nullptr;
+  if (real().cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || active == 0) return nullptr;
+  if (real().cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS) return nullptr;
+  real().cuDevicePrimaryCtxRelease_v2(dev);
+  return ctx;
+}
+
+bool primary_active(CUdevice dev) {
+  if (real().cuDevicePrimaryCtxGetState == nullptr) return true;
+  interpose::ShimCallScope scope;
+  unsigned flags = 0;
+  int active = 1;
+  return real().cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || active != 0;
+}
+
+// `end` ends `ctx` (or not: it says so by its answer and `ended`).
+template <class End, class Ended>
+CUresult end_context(CUcontext ctx, End&& end, Ended&& ended) {
+  Engine* e = interpose::hooks_active() && ctx != nullptr ? interpose::engine() : nullptr;
+  if (e != nullptr) e->begin_context_end(handle_of(ctx));
+  const CUresult r = end();
+  if (e != nullptr) e->finish_context_end(handle_of(ctx), r == CUDA_SUCCESS && ended());
+  return r;
+}
+
+}  // namespace
+
 CUresult cuCtxDestroy_v2(CUcontext ctx) {
   g_code_generation.fetch_add(1, std::memory_order_acq_rel);
-  // (Before the driver frees the handle, which it may hand out again.)
-  if (interpose::hooks_active() && ctx != nullptr) interpose::forget_context(ctx);
-  return real().cuCtxDestroy_v2(ctx);
+  return end_context(
+      ctx,
+      [&] {
+        // (Before the driver frees the handle, which it may hand out again.)
+        if (interpose::hooks_active() && ctx != nullptr) interpose::forget_context(ctx);
+        return real().cuCtxDestroy_v2(ctx);
+      },
+      [] { return true; });
 }
 
 // The last release of a primary context destroys it, and its modules with it.
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   g_code_generation.fetch_add(1, std::memory_order_acq_rel);
-  CUresult r = real().cuDevicePrimaryCtxRelease_v2(dev);
+  CUcontext primary = interpose::hooks_active() ? active_primary(dev) : nullptr;
+  bool last = false;
+  CUresult r = end_context(
+      primary, [&] { return real().cuDevicePrimaryCtxRelease_v2(dev); },
+      [&] { return last = !primary_active(dev); });
   // The last release destroys the context's streams and events (the handle stays the same).
-  unsigned flags = 0;
-  int active = 1;
-  if (r == CUDA_SUCCESS && interpose::hooks_active() && real().cuDevicePrimaryCtxGetState != nullptr) {
-    interpose::ShimCallScope scope;
-    if (real().cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active == 0) {
-      interpose::forget_device_contexts(dev);
-    }
-  }
+  if (last) interpose::forget_context(primary);
   return r;
 }
 
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   g_code_generation.fetch_add(1, std::memory_order_acq_rel);
-  if (interpose::hooks_active()) interpose::forget_device_contexts(dev);  // (before its streams and events go)
-  return real().cuDevicePrimaryCtxReset_v2(dev);
+  CUcontext primary = interpose::hooks_active() ? active_primary(dev) : nullptr;
+  return end_context(
+      primary,
+      [&] {
+        if (primary != nullptr) interpose::forget_context(primary);  // (before its streams and events go)
+        return real().cuDevicePrimaryCtxReset_v2(dev);
+      },
+      [] { return true; });
 }
 
 cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args, size_t shmem, cudaStream_t stream) {

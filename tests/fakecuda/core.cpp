@@ -583,6 +583,12 @@ bool destroy_context(CUcontext h) {
   return true;
 }
 
+void end_primary_context(int device) {
+  if (device < 0 || device >= kMaxDevices) return;
+  drop_context_objects(&primaries()[device]);
+  release_context_allocations(primary_context(device));
+}
+
 void set_current_context(CUcontext ctx) {
   if (!ctx) {
     if (!t_ctx_stack.empty()) t_ctx_stack.pop_back();

@@ -218,6 +218,10 @@ CUresult check_current();                // locks: INVALID_CONTEXT (none) or CON
 int current_device();                    // locks: the current context's device, -1 if none
 Context* create_context(int device, unsigned flags);  // cuCtxCreate
 bool destroy_context(CUcontext ctx);     // cuCtxDestroy: created contexts only
+// The end of a primary context (cuDevicePrimaryCtxReset, the last cuDevicePrimaryCtxRelease):
+// its work completes, its streams, events and allocations (but pool and VMM memory) go; the
+// handle, its retains, flags and modules stay. With stream_mutex() held.
+void end_primary_context(int device);
 void set_current_context(CUcontext ctx);  // replaces top of the thread's stack (no lock)
 void push_context(CUcontext ctx);
 bool pop_context(CUcontext* out);

@@ -867,7 +867,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     std::lock_guard lock(stream_mutex());
     Context& p = primary(dev);
     if (p.refcount == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    --p.refcount;
+    if (--p.refcount == 0) end_primary_context(dev);  // (the last release destroys it)
     return CUDA_SUCCESS;
   });
 }
@@ -918,12 +918,17 @@ CUresult CUDAAPI cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsi
   });
 }
 
-// Resets nothing: the fake keeps allocations, modules, retains and flags (left out, README).
+// "Destroy all allocations and reset all state on the primary context" (CUDA Driver API,
+// Primary Context Management): its streams, events and allocations go; the fake keeps its
+// modules, retains and flags (left out, README).
 CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   return api("cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset", kNone, [&](Call& c) {
     c.sdec("dev", dev);
     FC_CHECK(c);
-    return check_device(dev);
+    if (CUresult r = check_device(dev)) return r;
+    std::lock_guard lock(stream_mutex());
+    end_primary_context(dev);
+    return CUDA_SUCCESS;
   });
 }
 
@@ -1282,6 +1287,14 @@ CUresult CUDAAPI cuPointerGetAttributes(unsigned int count, CUpointer_attribute*
     c.str("kind", known ? kind_name(a.kind) : "none");
     for (unsigned i = 0; i < count; ++i) {
       if (!data[i]) return CUDA_ERROR_INVALID_VALUE;
+      // An address no allocation holds, as driver 580.159.04 answers on an H200
+      // (docs/gpu-results.md): its host pointer is the address itself, and its range start
+      // and size are left unwritten.
+      if (!known && attributes[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER) {
+        *static_cast<CUdeviceptr*>(data[i]) = ptr;
+        continue;
+      }
+      if (!known && (attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR || attributes[i] == CU_POINTER_ATTRIBUTE_RANGE_SIZE)) continue;
       CUresult r = pointer_attribute(attributes[i], known ? &a : nullptr, ptr, data[i]);
       if (r == CUDA_ERROR_INVALID_VALUE && attributes[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER) {
         *static_cast<void**>(data[i]) = nullptr;  // device memory has no host pointer

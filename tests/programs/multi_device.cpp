@@ -3,12 +3,12 @@
 //           of 8 MiB on each ("blocks0=a,b,..", "blocks1=.."), cycled 3 times with fill_u32 on
 //           a stream of each device's primary context; then device 1 fills device 0's first
 //           block (a tensor used from another GPU); every block's data is checked.
-//  fence    reuse across contexts: a 4 MiB block of device 1 is filled on device 1's legacy
-//           stream and freed from device 0 while that work may be pending (run with
-//           FAKECUDA_ASYNC=1); device 0 is synchronized and a 4 MiB allocation made there:
-//           "reused=1" if it got the freed block's address, "device1_done=1" if device 1's
-//           work has completed by then (a reuse before it would let the old kernel write into
-//           the new block).
+//  fence    a free from another context: a 4 MiB block of device 1 is filled on device 1's
+//           legacy stream and freed from device 0 while that work may be pending (run with
+//           FAKECUDA_ASYNC=1); device 0 is synchronized and a 4 MiB allocation made on device
+//           1 (the block's own): "reused=1" if it got the freed block's address,
+//           "device1_done=1" if device 1's work has completed by then (a reuse before it would
+//           let the old kernel write into the new block).
 //  rank     one torchrun worker: the device is LOCAL_RANK (unset: 0), or 0 when
 //           CUDA_VISIBLE_DEVICES names the worker's GPU; 6 blocks of 8 MiB cycled 3 times and
 //           checked ("device=N").
@@ -106,11 +106,10 @@ int fence() {
   CHECK(cuCtxSetCurrent(ctx0));
   CHECK(cuMemFree(b));
   CHECK(cuCtxSynchronize());  // device 0's work, and whatever it waits for
+  CHECK(cuCtxSetCurrent(ctx1));
   CUdeviceptr p = 0;
   CHECK(cuMemAlloc(&p, kBytes));
-  CHECK(cuCtxSetCurrent(ctx1));
   const CUresult device1 = cuStreamQuery(nullptr);
-  CHECK(cuCtxSetCurrent(ctx0));
   std::printf("reused=%d device1_done=%d\n", p == b, device1 == CUDA_SUCCESS);
   CHECK(cuMemFree(p));
   std::printf("ok\n");

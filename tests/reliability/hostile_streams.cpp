@@ -7,14 +7,21 @@
 //   destroyed_stream [driver|runtime]  a 48 MiB block is filled by a kernel on a stream
 //                     (non-blocking; the runtime's cudaStreamCreate: blocking), freed on it
 //                     (cuMemFreeAsync / cudaFreeAsync) and the stream destroyed; in a second
-//                     context 48 MiB are allocated, the context synchronised, and 48 MiB
-//                     allocated again. Prints "reused=0|1 pending=0|1" ("reused": either got
-//                     the freed block; "pending": the kernel had not completed by then).
+//                     context 48 MiB are allocated and the context synchronised; the first
+//                     context allocates 48 MiB; all is synchronised, and the first context
+//                     allocates 48 MiB again. Prints "reused=0|1 pending=0|1 reused_later=0|1"
+//                     ("reused": the first of those got the freed block; "pending": the
+//                     kernel had not completed by then; "reused_later": the last got it).
 //   other_context copy|carve  a second context on the device, with no launch of its own,
 //                     either copies into a 48 MiB block of the first (cuMemcpyAsync on its
 //                     legacy stream), or allocates a 48 MiB block itself and prefetches it
-//                     there; the block is freed; the first context allocates 48 MiB,
-//                     synchronises, allocates 48 MiB again. Prints "reused=0|1 pending=0|1".
+//                     there; the block is freed; the first context allocates 48 MiB until
+//                     its range is full, and synchronises; the block's own context
+//                     allocates 48 MiB; all is synchronised, and it allocates 48 MiB again.
+//                     Prints "reused=0|1 pending=0|1 reused_later=0|1".
+// (Each block is reused only by its own context, whose ranges it came from: the fence is
+// recorded while another context is current, and that one synchronised, so that a fence that
+// misses the pending work completes.)
 //   open_capture nonblocking|blocking  a capture is begun on a stream of that kind, a
 //                     kernel on a 4 MiB block X captured, and the capture left open; 40
 //                     rounds of allocate 48 MiB + free run meanwhile (prints "rounds=N"); X
@@ -29,6 +36,7 @@
 
 #include <cstdio>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -97,18 +105,40 @@ Runtime load_runtime() {
 // streams with it), synchronise that context and allocate again: a reuse of the block while
 // the work is still pending is the bug ("reused=1 pending=1"); a reuse after it completed
 // (the synchronisation waited for it through the fence) or none is right.
-void allocate_twice_elsewhere(CUcontext other, CUdeviceptr freed, const std::function<bool()>& pending) {
-  CHECK(cuCtxPushCurrent(other));
-  CUdeviceptr q = 0, r = 0;
-  CHECK(cuMemAlloc(&q, kBig));
+// `recorder` allocates 48 MiB `fillers` times (the last finds no room: a fence is recorded
+// there) and synchronises; `owner`, the freed block's context, allocates 48 MiB (is it the
+// freed block, while `pending`?); `complete` synchronises the work; `owner` allocates again.
+void reuse_after_fence(CUcontext owner, CUcontext recorder, int fillers, CUdeviceptr freed,
+                       const std::function<bool()>& pending, const std::function<void()>& complete) {
+  std::vector<CUdeviceptr> blocks(static_cast<size_t>(fillers) + 2);
+  CUcontext popped = nullptr;
+  CHECK(cuCtxPushCurrent(recorder));
+  for (int i = 0; i < fillers; ++i) CHECK(cuMemAlloc(&blocks[static_cast<size_t>(i)], kBig));
   CHECK(cuCtxSynchronize());
+  CHECK(cuCtxPopCurrent(&popped));
+  CHECK(cuCtxPushCurrent(owner));
+  CUdeviceptr& r = blocks[static_cast<size_t>(fillers)];
+  CUdeviceptr& t = blocks[static_cast<size_t>(fillers) + 1];
   CHECK(cuMemAlloc(&r, kBig));
   const bool still_pending = pending();
-  std::printf("reused=%d pending=%d\n", q == freed || r == freed, still_pending);
-  CHECK(cuMemFree(q));
-  CHECK(cuMemFree(r));
-  CUcontext popped = nullptr;
   CHECK(cuCtxPopCurrent(&popped));
+  complete();
+  CHECK(cuCtxPushCurrent(owner));
+  CHECK(cuMemAlloc(&t, kBig));
+  CHECK(cuCtxPopCurrent(&popped));
+  std::printf("reused=%d pending=%d reused_later=%d\n", r == freed, still_pending, t == freed);
+  for (CUdeviceptr b : blocks) CHECK(cuMemFree(b));
+}
+
+// Every context's work completes (as a program does before it destroys one of them; the fake
+// driver runs queued work only when a synchronisation covers it).
+void sync_all(std::initializer_list<CUcontext> contexts) {
+  CUcontext popped = nullptr;
+  for (CUcontext c : contexts) {
+    CHECK(cuCtxPushCurrent(c));
+    CHECK(cuCtxSynchronize());
+    CHECK(cuCtxPopCurrent(&popped));
+  }
 }
 
 CUcontext created_context() {
@@ -147,9 +177,12 @@ int destroyed_stream(bool runtime) {
     CHECK(cuMemFreeAsync(p, s));
     CHECK(cuStreamDestroy(s));
   }
-  CUcontext other = created_context();
-  allocate_twice_elsewhere(other, p, [&] { return cuEventQuery(after_fill) == CUDA_ERROR_NOT_READY; });
-  CHECK(cuCtxSynchronize());
+  CUcontext other = created_context(), first = nullptr;
+  CHECK(cuCtxGetCurrent(&first));
+  reuse_after_fence(
+      first, other, 1, p, [&] { return cuEventQuery(after_fill) == CUDA_ERROR_NOT_READY; },
+      [] { CHECK(cuCtxSynchronize()); });
+  sync_all({first, other});
   CHECK(cuCtxDestroy(other));
   return 0;
 }
@@ -176,20 +209,24 @@ int other_context(bool copy) {
   CHECK(cuCtxPopCurrent(&popped));
   if (copy) CHECK(cuMemFree(p));
   // (The first context records the fence and synchronises: the other's work is pending.)
-  CUdeviceptr q = 0, r = 0;
-  CHECK(cuCtxSetCurrent(a));
-  CHECK(cuMemAlloc(&q, kBig));
-  CHECK(cuCtxSynchronize());
-  CHECK(cuMemAlloc(&r, kBig));
-  CHECK(cuCtxPushCurrent(b));
-  const bool pending = cuStreamQuery(nullptr) == CUDA_ERROR_NOT_READY;
-  CHECK(cuCtxSynchronize());
-  CHECK(cuCtxPopCurrent(&popped));
-  std::printf("reused=%d pending=%d\n", q == p || r == p, pending);
-  CHECK(cuMemFree(q));
-  CHECK(cuMemFree(r));
+  bool pending_seen = false;
+  auto other_pending = [&] {
+    CHECK(cuCtxPushCurrent(b));
+    pending_seen = cuStreamQuery(nullptr) == CUDA_ERROR_NOT_READY;
+    CHECK(cuCtxPopCurrent(&popped));
+    return pending_seen;
+  };
+  auto complete = [&] {
+    CHECK(cuCtxPushCurrent(b));
+    CHECK(cuCtxSynchronize());
+    CHECK(cuCtxPopCurrent(&popped));
+  };
+  // (A copy: the block is the first context's, whose range is full at once; a carve: the
+  // first context's range fills at its second 48 MiB.)
+  reuse_after_fence(copy ? a : b, a, copy ? 1 : 2, p, other_pending, complete);
   CHECK(cuMemFree(src));
   CHECK(cuMemFree(first));
+  sync_all({a, b});
   CHECK(cuCtxDestroy(b));
   return 0;
 }

@@ -43,7 +43,8 @@ TEST(HostileStreams, ABlockFreedOnADestroyedStreamWaitsForItsWork) {
     ASSERT_EQ(r.status, 0) << api << ": " << describe(r);
     EXPECT_FALSE(field(r.out, "reused") == "1" && field(r.out, "pending") == "1")
         << api << ": handed out while the destroyed stream's kernel may write it\n" << describe(r);
-    EXPECT_EQ(field(r.out, "reused"), "1") << api << ": reused once a synchronisation completed the work\n" << describe(r);
+    EXPECT_TRUE(field(r.out, "reused") == "1" || field(r.out, "reused_later") == "1")
+        << api << ": reused once the work completed\n" << describe(r);
     EXPECT_EQ(r.err, "") << api;
   }
 }
@@ -56,7 +57,8 @@ TEST(HostileStreams, AContextThatOnlyCopiedOrCarvedIsFenced) {
     ASSERT_EQ(r.status, 0) << how << ": " << describe(r);
     EXPECT_FALSE(field(r.out, "reused") == "1" && field(r.out, "pending") == "1")
         << how << ": reused while the other context's work may use it\n" << describe(r);
-    EXPECT_EQ(field(r.out, "reused"), "1") << how << ": reused once a synchronisation completed the work\n" << describe(r);
+    EXPECT_TRUE(field(r.out, "reused") == "1" || field(r.out, "reused_later") == "1")
+        << how << ": reused once the work completed\n" << describe(r);
     EXPECT_EQ(r.err, "") << how;
   }
 }

@@ -51,6 +51,8 @@ class FenceBackend final : public test_support::InstantBackend {
     return captured_addr != 0 && captured_addr < addr + bytes && addr < captured_addr + 1;
   }
   void release_fence(EventHandle) override {}
+  std::uint64_t current_context() override { return context; }
+  std::uint64_t context = 0;  // the calling thread's current context, as the test sets it
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
     if (bytes > largest_allocation) return Result{Status::out_of_memory, 2};
     ++ranges;
@@ -281,6 +283,88 @@ TEST(EngineSubAllocator, ARangeACaptureUsesStaysParkedAndTheOthersComeBack) {
     x_back = p == x;
   }
   EXPECT_TRUE(x_back);
+}
+
+}  // namespace
+}  // namespace spillway
+
+namespace spillway {
+namespace {
+
+bool discarded(const FenceBackend& b, std::uint64_t addr) {
+  for (const auto& d : b.discards)
+    if (d.addr == addr) return true;
+  return false;
+}
+
+// Blocks are carved only from ranges made in their own context, and a context's end takes
+// exactly its blocks and ranges: the other context's blocks stay, the cap and the report
+// count the ended context's no more, and its addresses are no longer the Engine's.
+TEST(EngineSubAllocatorContexts, AContextsEndTakesExactlyItsBlocksAndRanges) {
+  FenceBackend b;
+  auto e = make_engine(b);
+  std::uint64_t x = 0, y = 0, z = 0;
+  b.context = 1;
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &x).ok());
+  b.context = 2;
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &y).ok());
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &z).ok());
+  EXPECT_EQ(b.ranges, 2u) << "the second context's blocks came from the first one's range";
+  EXPECT_NE(e->find(x)->context, e->find(y)->context);
+  const std::uint64_t managed_before = e->managed_bytes();
+  e->finish_context_end(2, true);
+  EXPECT_TRUE(e->find(x).has_value()) << "the other context's block went too";
+  EXPECT_FALSE(e->find(y).has_value());
+  EXPECT_FALSE(e->find(z).has_value());
+  EXPECT_EQ(e->live_blocks(), 1u);
+  Stats s = e->stats();
+  EXPECT_EQ(s.suballocator_ranges, 1u);
+  EXPECT_EQ(s.frees, 2u) << "each ended block is a free";
+  EXPECT_LT(e->managed_bytes(), managed_before - (60ull << 20)) << "the ended range is still counted under the cap";
+  EXPECT_FALSE(e->in_suballocator_range(y));
+  bool ours = true;
+  e->release(y, std::nullopt, &ours);
+  EXPECT_FALSE(ours) << "an ended context's address is the driver's to answer";
+  // A context made later (the same handle again) gets a range of its own.
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &y).ok());
+  EXPECT_EQ(b.ranges, 3u);
+  b.context = 1;
+  std::uint64_t w = 0;
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &w).ok());
+  EXPECT_EQ(b.ranges, 3u) << "the first context still carves from its own range";
+}
+
+// While a context is ending, the fences over its freed ranges are waited for and no discard
+// names its ranges (the driver may hand their addresses out again once it frees them); if it
+// does not end after all, its frees are discarded again.
+TEST(EngineSubAllocatorContexts, AnEndingContextsRangesAreFencedAndNeverDiscardedAfter) {
+  FenceBackend b;
+  auto e = make_engine(b);
+  b.context = 7;
+  std::uint64_t a = 0, c = 0, d = 0;
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &a).ok());
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &c).ok());
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &d).ok());
+  bool ours = false;
+  ASSERT_TRUE(e->release(a, std::nullopt, &ours).ok());
+  // Another context's first allocation finds no room of its own: it records the fence that
+  // holds `a` (not complete).
+  b.context = 8;
+  std::uint64_t other = 0;
+  ASSERT_TRUE(e->allocate(4 << 20, AllocKind::alloc, 0, &other).ok());
+  ASSERT_EQ(b.fences, 1u);
+  ASSERT_EQ(b.completed, 0u);
+  const std::uint64_t waits = b.waits;
+  e->begin_context_end(7);
+  EXPECT_GT(b.waits, waits) << "the fence over the ending context's freed range was not waited for";
+  ASSERT_TRUE(e->release(c, std::nullopt, &ours).ok());
+  e->reclaim(true);
+  EXPECT_FALSE(discarded(b, c)) << "a discard was queued for a range whose context is ending";
+  e->finish_context_end(7, false);  // (it did not end)
+  EXPECT_TRUE(e->find(d).has_value());
+  ASSERT_TRUE(e->release(d, std::nullopt, &ours).ok());
+  e->reclaim(true);
+  EXPECT_TRUE(discarded(b, d)) << "a context that did not end lost its discards";
 }
 
 }  // namespace

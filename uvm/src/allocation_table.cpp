@@ -115,6 +115,14 @@ std::optional<Block> AllocationTable::find_base(std::uint64_t base) const {
   return it->second;
 }
 
+std::vector<Block> AllocationTable::blocks_of_context(std::uint16_t context) const {
+  std::shared_lock lock(mutex_);
+  std::vector<Block> out;
+  for (const auto& [base, b] : blocks_)
+    if (b.context == context) out.push_back(b);
+  return out;
+}
+
 std::size_t AllocationTable::size() const {
   std::shared_lock lock(mutex_);
   return blocks_.size();

@@ -433,7 +433,11 @@ void Engine::account_state_locked() {
   // (the sub-allocator's only when its lock is free: never wait for it here).
   std::uint64_t policies = 0;
   if ((counters_.launches & 63) == 1) {
-    if (std::unique_lock sub(sub_mutex_, std::try_to_lock); sub.owns_lock()) sub_state_bytes_.store(sub_.state_bytes(), std::memory_order_relaxed);
+    if (std::unique_lock sub(sub_mutex_, std::try_to_lock); sub.owns_lock()) {
+      std::uint64_t bytes = tree_heap_bytes<decltype(contexts_)>(contexts_.size());
+      for (const auto& c : contexts_) bytes += c.second.sub.state_bytes();
+      sub_state_bytes_.store(bytes, std::memory_order_relaxed);
+    }
     own_state_bytes_ = own_state_bytes_locked();
     // The policies get what the tables leave, and at least a quarter of the budget, shared
     // equally among the devices' plans.
@@ -505,6 +509,8 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   const int device = backend_.current_device();
   DevicePlan* plan = open_plan(device);
   if (plan == nullptr) return Result{Status::not_supported, 0};
+  const std::uint64_t context_handle = backend_.current_context();
+  std::uint16_t context = 0;
   if (has_pending_.load(std::memory_order_relaxed)) reclaim(false);
   const bool sub = suballocate_.load(std::memory_order_relaxed);
   auto refuse = [&] {  // over SPILLWAY_MAX_MANAGED
@@ -517,9 +523,14 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   std::uint64_t base = 0;
   if (sub) {
     // (Blocks of one stream fill the same slabs; a device's default streams are its own.)
-    Result r = sub_allocate(bytes, stream ^ (static_cast<StreamHandle>(device) << 56), &base);
+    Result r = sub_allocate(context_handle, bytes, stream ^ (static_cast<StreamHandle>(device) << 56), &base, &context);
     if (!r.ok()) return r.status == Status::out_of_memory && r.native == 0 ? refuse() : r;
   } else {
+    {
+      std::lock_guard lock(sub_mutex_);
+      context = context_number_locked(context_handle);
+    }
+    if (context == 0) return Result{Status::not_supported, 0};
     if (!reserve(bytes)) {
       reclaim(true);  // deferred frees may be holding the room
       if (!reserve(bytes)) return refuse();
@@ -532,7 +543,7 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   }
   // The driver has freed a block here, and its releaser may not have dropped its claim yet.
   if (releasing_count_.load() != 0) drop_stale_claim(base);
-  Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device, sub};
+  Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device, sub, context};
   if (!table_.insert(block)) {
     // The driver handed out a range we still hold: our table is wrong. Keep the program
     // running with the memory it asked for, but stop tracking this block.
@@ -550,17 +561,50 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   return Result{};
 }
 
-Result Engine::sub_allocate(std::uint64_t bytes, StreamHandle site, std::uint64_t* out) {
+std::uint16_t Engine::find_context_locked(std::uint64_t handle) const {
+  for (const auto& [number, c] : contexts_)
+    if (c.handle == handle) return number;
+  return 0;
+}
+
+std::uint16_t Engine::context_number_locked(std::uint64_t handle) {
+  if (const std::uint16_t known = find_context_locked(handle); known != 0) return known;
+  std::uint16_t number = 1;  // the lowest free
+  for (const auto& entry : contexts_) {
+    if (entry.first != number) break;
+    ++number;
+  }
+  if (number == 0) return 0;  // (wrapped: every number is in use)
+  contexts_[number].handle = handle;
+  return number;
+}
+
+SubAllocator* Engine::sub_of_locked(std::uint16_t context) {
+  auto it = contexts_.find(context);
+  return it == contexts_.end() ? nullptr : &it->second.sub;
+}
+
+Result Engine::sub_allocate(std::uint64_t handle, std::uint64_t bytes, StreamHandle site, std::uint64_t* out,
+                            std::uint16_t* context) {
   std::unique_lock lock(sub_mutex_);
+  const std::uint16_t number = context_number_locked(handle);
+  if (number == 0) return Result{Status::not_supported, 0};
+  *context = number;
+  // (Looked up each time: the lock is let go around the Backend's calls.)
+  auto carve = [&]() -> std::uint64_t {
+    SubAllocator* sub = sub_of_locked(number);
+    return sub == nullptr ? 0 : sub->allocate(bytes, site);
+  };
   if (fences_pending_.load(std::memory_order_relaxed)) poll_fences_locked(false);
-  std::uint64_t base = sub_.allocate(bytes, site);
+  std::uint64_t base = carve();
   if (base == 0 && !unfenced_.empty()) {  // parked ranges come back once a fence after them completes
     close_fence_locked();
     poll_fences_locked(false);
-    base = sub_.allocate(bytes, site);
+    base = carve();
   }
   bool waited = false, returned = false;
   while (base == 0) {
+    if (sub_of_locked(number) == nullptr) return Result{Status::error, 0};  // its context ended meanwhile
     // A new range: kRangeBytes if the cap allows, else just the request (a chunk more, so
     // that a range the driver does not place on a 2 MiB boundary still holds it aligned).
     std::uint64_t want = SubAllocator::range_bytes_for(bytes, kRangeBytes) + kChunkBytes;
@@ -573,52 +617,68 @@ Result Engine::sub_allocate(std::uint64_t bytes, StreamHandle site, std::uint64_
         waited = true;
         close_fence_locked();
         poll_fences_locked(true);
-        base = sub_.allocate(bytes, site);
+        base = carve();
         continue;
       }
-      std::vector<DriverRange> empty;
-      if (!returned) {
-        for (const auto& [b, n] : sub_.take_empty_ranges()) {
-          auto it = driver_ranges_.find(b);
-          empty.push_back(it->second);
-          driver_ranges_.erase(it);
-        }
-        returned = true;
-      }
-      if (empty.empty()) return Result{Status::out_of_memory, 0};
-      lock.unlock();
-      // (Nothing lives in them and nothing parked: no section can name them, no fence holds them.)
-      for (const DriverRange& d : empty) {
-        range_bytes_.fetch_sub(d.bytes);
-        range_count_.fetch_sub(1);
-        if (backend_.free_managed(d.addr).ok()) unreserve(d.bytes);
-      }
-      lock.lock();
+      if (returned || !return_empty_ranges_locked(lock)) return Result{Status::out_of_memory, 0};
+      returned = true;
       continue;
     }
-    lock.unlock();
-    std::uint64_t driver = 0;
-    Result r = backend_.allocate_managed(want, &driver);
-    const std::uint64_t need = SubAllocator::range_bytes_for(bytes, 0) + kChunkBytes;
-    if (!r.ok() && want > need) {  // the driver may still have room for the request alone
-      unreserve(want - need);
-      want = need;
-      r = backend_.allocate_managed(want, &driver);
-    }
-    if (!r.ok()) {
-      unreserve(want);
-      return r;
-    }
-    const std::uint64_t lo = (driver + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
-    const std::uint64_t hi = (driver + want) / kChunkBytes * kChunkBytes;
-    lock.lock();
-    sub_.add_range(lo, hi - lo);
-    driver_ranges_[lo] = DriverRange{driver, want};
-    range_bytes_.fetch_add(want);
-    range_count_.fetch_add(1);
-    base = sub_.allocate(bytes, site);
+    if (Result r = add_range_locked(lock, number, bytes, want); !r.ok()) return r;
+    base = carve();
   }
   *out = base;
+  return Result{};
+}
+
+bool Engine::return_empty_ranges_locked(std::unique_lock<std::mutex>& lock) {
+  std::vector<DriverRange> empty;
+  for (auto& entry : contexts_) {
+    for (const auto& [b, n] : entry.second.sub.take_empty_ranges()) {
+      auto it = driver_ranges_.find(b);
+      empty.push_back(it->second);
+      driver_ranges_.erase(it);
+    }
+  }
+  if (empty.empty()) return false;
+  lock.unlock();
+  // (Nothing lives in them and nothing parked: no section can name them, no fence holds them.)
+  for (const DriverRange& d : empty) {
+    range_bytes_.fetch_sub(d.bytes);
+    range_count_.fetch_sub(1);
+    if (backend_.free_managed(d.addr).ok()) unreserve(d.bytes);
+  }
+  lock.lock();
+  return true;
+}
+
+Result Engine::add_range_locked(std::unique_lock<std::mutex>& lock, std::uint16_t context, std::uint64_t bytes,
+                                std::uint64_t want) {
+  lock.unlock();
+  std::uint64_t driver = 0;
+  Result r = backend_.allocate_managed(want, &driver);
+  const std::uint64_t need = SubAllocator::range_bytes_for(bytes, 0) + kChunkBytes;
+  if (!r.ok() && want > need) {  // the driver may still have room for the request alone
+    unreserve(want - need);
+    want = need;
+    r = backend_.allocate_managed(want, &driver);
+  }
+  lock.lock();
+  if (!r.ok()) {
+    unreserve(want);
+    return r;
+  }
+  SubAllocator* sub = sub_of_locked(context);
+  if (sub == nullptr) {  // its context ended meanwhile, and the new range with it
+    unreserve(want);
+    return Result{Status::error, 0};
+  }
+  const std::uint64_t lo = (driver + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
+  const std::uint64_t hi = (driver + want) / kChunkBytes * kChunkBytes;
+  sub->add_range(lo, hi - lo);
+  driver_ranges_[lo] = DriverRange{driver, want, context};
+  range_bytes_.fetch_add(want);
+  range_count_.fetch_add(1);
   return Result{};
 }
 
@@ -635,6 +695,12 @@ void Engine::close_fence_locked() {
   std::uint64_t discard = 0;
   for (const ParkedRange& p : unfenced_) {
     if (!p.slab && SubAllocator::is_small(p.bytes)) continue;
+    // (A context about to end: the driver frees its ranges, and may reuse their addresses
+    // before a discard queued now would run.)
+    if (contexts_ending_ != 0) {
+      auto c = contexts_.find(p.context);
+      if (c == contexts_.end() || c->second.ending) continue;
+    }
     addrs.push_back(p.addr);
     sizes.push_back(p.slab ? kChunkBytes : SubAllocator::footprint_bytes(p.bytes));
     discard += sizes.back();
@@ -668,6 +734,8 @@ void Engine::poll_fences_locked(bool wait) {
     std::vector<ParkedRange> ranges = std::move(f.ranges);
     fences_.pop_front();
     for (const ParkedRange& p : ranges) {
+      SubAllocator* sub = sub_of_locked(p.context);
+      if (sub == nullptr) continue;  // (its context has ended, and the driver freed it)
       if (backend_.held_by_capture(p.addr, p.slab ? kChunkBytes : p.bytes)) {
         // (Parked again: the next fence looks once more.)
         SPILLWAY_LOG_ONCE(LogLevel::warn,
@@ -678,11 +746,11 @@ void Engine::poll_fences_locked(bool wait) {
         continue;
       }
       if (p.slab) {
-        sub_.release_slab(p.addr);
+        sub->release_slab(p.addr);
         continue;
       }
-      if (const std::uint64_t slab = sub_.free(p.addr, p.bytes); slab != 0) {
-        park(ParkedRange{slab, kChunkBytes, true});
+      if (const std::uint64_t slab = sub->free(p.addr, p.bytes); slab != 0) {
+        park(ParkedRange{slab, kChunkBytes, true, p.context});
         emptied = true;
       }
     }
@@ -703,10 +771,23 @@ Result Engine::wait_bounded(EventHandle handle, bool fence) {
   return r;
 }
 
+std::uint64_t Engine::reported_used_bytes() const {
+  const std::uint64_t managed = managed_bytes();
+  if (!suballocating()) return managed;
+  std::lock_guard lock(sub_mutex_);
+  std::uint64_t room = 0;
+  for (const auto& c : contexts_) room += c.second.sub.range_bytes() - c.second.sub.allocated_bytes();
+  // (A parked slab's blocks are free in it already.)
+  auto parked = [&room](const ParkedRange& p) { room += p.slab ? 0 : SubAllocator::footprint_bytes(p.bytes); };
+  std::for_each(unfenced_.begin(), unfenced_.end(), parked);
+  for (const Fence& f : fences_) std::for_each(f.ranges.begin(), f.ranges.end(), parked);
+  return managed > room ? managed - room : 0;
+}
+
 bool Engine::in_suballocator_range(std::uint64_t addr) {
   if (!suballocating()) return false;
   std::lock_guard lock(sub_mutex_);
-  return sub_.contains(addr);
+  return std::any_of(contexts_.begin(), contexts_.end(), [addr](const auto& c) { return c.second.sub.contains(addr); });
 }
 
 void Engine::note_over_budget() {
@@ -1186,7 +1267,7 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
                                         !table_.first_overlapping(chunk * kChunkBytes, (chunk + 1) * kChunkBytes)));
     {
       std::lock_guard lock(sub_mutex_);
-      park(ParkedRange{addr, block->bytes, false});
+      park(ParkedRange{addr, block->bytes, false, block->context});
       if (chunk_died || unfenced_bytes_ >= kFenceBytes || unfenced_.size() >= kFenceRanges) {
         close_fence_locked();
       }
@@ -1214,6 +1295,7 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   }
   run_policy_free(*block);
   PendingFree pending{addr, block->bytes, claim, *stream, 0};
+  pending.context = block->context;
   if (!capturing) {
     Result r = backend_.record_event(*stream, &pending.event);
     if (!r.ok()) {
@@ -1256,6 +1338,100 @@ void Engine::stream_destroyed(StreamHandle stream) {
     }
     release_deferred(p);
   }
+}
+
+void Engine::begin_context_end(std::uint64_t handle) {
+  std::lock_guard lock(sub_mutex_);
+  const std::uint16_t number = find_context_locked(handle);
+  if (number == 0) return;
+  ContextRanges& c = contexts_[number];
+  if (!c.ending) ++contexts_ending_;
+  c.ending = true;
+  auto holds = [number](const Fence& f) {
+    return std::any_of(f.ranges.begin(), f.ranges.end(), [number](const ParkedRange& p) { return p.context == number; });
+  };
+  // A fence's end may empty slabs, whose discard a new fence carries (none for this context
+  // now): a round or two. Only the fences that hold its ranges are waited for.
+  for (int round = 0; round < 4; ++round) {
+    auto f = std::find_if(fences_.begin(), fences_.end(), holds);
+    if (f == fences_.end()) return;
+    if (backend_.wait_fence_for(f->handle, cap_wait()).status == Status::not_ready) {
+      SPILLWAY_LOG_ONCE(LogLevel::warn,
+                        "a context ends (cuCtxDestroy, or a primary context's reset or last release) while device work "
+                        "on memory freed in it has not finished after {} ms (a kernel that never ends?); it ends now",
+                        cap_wait().count());
+      return;
+    }
+    poll_fences_locked(false);
+  }
+}
+
+void Engine::finish_context_end(std::uint64_t handle, bool ended) {
+  std::uint16_t number = 0;
+  {
+    std::lock_guard lock(sub_mutex_);
+    number = find_context_locked(handle);
+    if (number == 0) return;
+    ContextRanges& c = contexts_[number];
+    if (c.ending) --contexts_ending_;
+    c.ending = false;
+    if (!ended) return;
+  }
+  release_context_blocks(number);
+  drop_context_frees(number);
+  drop_context_ranges(number);
+}
+
+void Engine::release_context_blocks(std::uint16_t context) {
+  const std::vector<Block> blocks = table_.blocks_of_context(context);
+  if (blocks.empty()) return;
+  frees_started_.fetch_add(1);  // (as in release(): plans made meanwhile are clipped)
+  std::vector<Block> gone;
+  for (const Block& b : blocks) {
+    if (std::optional<Block> erased = table_.erase(b.base)) gone.push_back(*erased);
+  }
+  wait_for_issuers();
+  for (const Block& b : gone) {
+    run_policy_free(b);
+    finish_release(b.base, b.bytes, false, !b.suballocated);  // (a carved block's bytes are its range's)
+  }
+  frees_done_.fetch_add(1);
+}
+
+void Engine::drop_context_frees(std::uint16_t context) {
+  std::vector<PendingFree> gone;
+  {
+    std::lock_guard lock(mutex_);
+    auto of_context = [context](const PendingFree& p) { return p.context == context; };
+    std::copy_if(pending_.begin(), pending_.end(), std::back_inserter(gone), of_context);
+    std::erase_if(pending_, of_context);
+    has_pending_.store(!pending_.empty(), std::memory_order_relaxed);
+  }
+  // (Their blocks went with the context; their events too, if the stream was the context's.)
+  for (const PendingFree& p : gone) {
+    end_release(p.addr, p.claim);
+    finish_release(p.addr, p.bytes, true);
+  }
+}
+
+void Engine::drop_context_ranges(std::uint16_t context) {
+  std::lock_guard lock(sub_mutex_);
+  auto of_context = [context](const ParkedRange& p) { return p.context == context; };
+  std::erase_if(unfenced_, of_context);
+  unfenced_bytes_ = 0;
+  for (const ParkedRange& p : unfenced_) unfenced_bytes_ += p.slab ? kChunkBytes : SubAllocator::footprint_bytes(p.bytes);
+  for (Fence& f : fences_) std::erase_if(f.ranges, of_context);
+  for (auto it = driver_ranges_.begin(); it != driver_ranges_.end();) {
+    if (it->second.context != context) {
+      ++it;
+      continue;
+    }
+    range_bytes_.fetch_sub(it->second.bytes);
+    range_count_.fetch_sub(1);
+    unreserve(it->second.bytes);
+    it = driver_ranges_.erase(it);
+  }
+  contexts_.erase(context);
 }
 
 void Engine::release_deferred(PendingFree& p) {

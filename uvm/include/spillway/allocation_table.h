@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <shared_mutex>
+#include <vector>
 
 #include "spillway/chunk_pages.h"
 #include "spillway/types.h"
@@ -44,6 +45,8 @@ class AllocationTable {
     const AllocationTable& table_;
     std::shared_lock<std::shared_mutex> lock_;
   };
+  // The live blocks of context `context` (Block::context), by address. O(n).
+  std::vector<Block> blocks_of_context(std::uint16_t context) const;
   std::size_t size() const;
   std::uint64_t bytes() const;  // sum of live blocks' bytes
   // Heap bytes the table holds (spillway/state_bytes.h): one map node per live block and

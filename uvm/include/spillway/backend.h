@@ -27,6 +27,13 @@ class Backend {
   virtual bool concurrent_managed_access() = 0;
   // The device of the calling thread's current context (where allocations land).
   virtual int current_device() = 0;
+  // The calling thread's current context (cuCtxGetCurrent), as an opaque non-zero handle; 0
+  // when there is none or the Backend has one context only (the simulator). Managed memory
+  // belongs to the context it was allocated in: the driver frees it when that context ends
+  // (cuCtxDestroy, "Destroys and cleans up all resources associated with the context";
+  // cuDevicePrimaryCtxReset, "Destroy all allocations and reset all state on the primary
+  // context"; CUDA Driver API, Context Management and Primary Context Management).
+  virtual std::uint64_t current_context() { return 0; }
 
   // Allocates `bytes` of managed memory attached globally (cuMemAllocManaged with
   // CU_MEM_ATTACH_GLOBAL); stores its address in *addr. Status::out_of_memory when the

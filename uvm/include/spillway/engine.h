@@ -283,6 +283,23 @@ class Engine {
   // released at once if none can be recorded; the handle is never used again. Thread-safe.
   void stream_destroyed(StreamHandle stream);
 
+  // Contexts. Managed memory belongs to the context it was allocated in, and the driver frees
+  // it when that context ends (Backend::current_context). So every block records its context
+  // (Block::context), the sub-allocator carves a context's blocks only from ranges made in
+  // that context, and a context's end takes exactly its own blocks and ranges with it.
+  // The program is about to end context `handle` (a Backend::current_context value; in the
+  // shim cuCtxDestroy, or a primary context's reset or release): the fences that hold freed
+  // ranges of its blocks are waited for (each at most cap_wait(), then a warning once), and no discard is issued
+  // for its ranges from now on, so that none is still queued when the driver frees them and
+  // may hand their addresses out again. Costs nothing when none is pending. Thread-safe.
+  void begin_context_end(std::uint64_t handle);
+  // After the driver's answer. `ended`: the context has ended and its memory is freed — its
+  // live blocks leave the table (each a free, as the Policies and the observer see it), its
+  // deferred frees, parked ranges and ranges are dropped (none reaches the Backend: the
+  // driver's memory no longer) and the host cap counts them no more. Otherwise (the call
+  // failed, a release that was not the last) its freed ranges are discarded again. Thread-safe.
+  void finish_context_end(std::uint64_t handle, bool ended);
+
   // Releases deferred frees whose events have completed; with `wait`, waits for all (and for
   // every fence of the sub-allocator, recording one for the ranges parked since the last),
   // each for at most cap_wait(): work that never ends (a persistent kernel) never blocks the
@@ -315,6 +332,11 @@ class Engine {
   std::uint64_t budget_bytes() const;
   std::uint64_t max_managed_bytes() const { return max_managed_.load(std::memory_order_relaxed); }
   std::uint64_t managed_bytes() const { return managed_bytes_.load(std::memory_order_relaxed); }
+  // managed_bytes() less the room in the sub-allocator's ranges that the program may allocate
+  // again: their free space and the blocks freed in them (whose reuse waits only for a fence).
+  // What cuMemGetInfo reports as used under SPILLWAY_REPORT_MEMORY=virtual. Thread-safe;
+  // O(ranges parked).
+  std::uint64_t reported_used_bytes() const;
   const Config& config() const { return config_; }
   std::size_t live_blocks() const { return table_.size(); }
 
@@ -333,6 +355,7 @@ class Engine {
     EventHandle event;  // 0 while the stream was capturing
     bool retry = false;       // the driver refused the release: try it again
     int failed_attempts = 0;  // reclaims at which the driver refused it
+    std::uint16_t context = 0;  // the block's (Block::context)
   };
   static constexpr int kMaxReleaseAttempts = 3;
   void release_deferred(PendingFree& p);
@@ -432,12 +455,22 @@ class Engine {
     std::uint64_t addr;
     std::uint64_t bytes;  // as the block requested (a slab: kChunkBytes)
     bool slab;            // an emptied slab to release, not a block to free
+    std::uint16_t context;  // the context whose ranges hold it (Block::context)
   };
   struct Fence {
     EventHandle handle;
     std::vector<ParkedRange> ranges;
   };
-  Result sub_allocate(std::uint64_t bytes, StreamHandle site, std::uint64_t* addr);
+  // Carves `bytes` for context `handle` (Backend::current_context) from its ranges; *context:
+  // the Engine's number for that context.
+  Result sub_allocate(std::uint64_t handle, std::uint64_t bytes, StreamHandle site, std::uint64_t* addr,
+                      std::uint16_t* context);
+  // Makes a new range of `want` bytes (reserved under the cap) for `context`; with sub_mutex_
+  // held by `lock`, released during the Backend's call.
+  Result add_range_locked(std::unique_lock<std::mutex>& lock, std::uint16_t context, std::uint64_t bytes,
+                          std::uint64_t want);
+  // Returns every context's empty ranges to the Backend; false when there were none.
+  bool return_empty_ranges_locked(std::unique_lock<std::mutex>& lock);
   void park(const ParkedRange& range);        // with sub_mutex_ held
   void close_fence_locked();                  // with sub_mutex_ held
   void poll_fences_locked(bool wait);         // with sub_mutex_ held
@@ -446,13 +479,29 @@ class Engine {
   Result wait_bounded(EventHandle handle, bool fence);
   std::atomic<std::int64_t> cap_wait_ms_{kCapWait.count()};
   mutable std::mutex sub_mutex_;
-  SubAllocator sub_;
+  // One SubAllocator per context, by the Engine's number for it (Block::context: 1, 2, ...;
+  // the lowest free one, so an ended context's is reused). Few: one per device, as a rule.
+  struct ContextRanges {
+    std::uint64_t handle = 0;  // Backend::current_context()
+    bool ending = false;       // begin_context_end(): no discard of its ranges
+    SubAllocator sub;
+  };
+  std::map<std::uint16_t, ContextRanges> contexts_;
+  std::uint16_t context_number_locked(std::uint64_t handle);  // made if new; 0: 65535 in use
+  std::uint16_t find_context_locked(std::uint64_t handle) const;  // 0: none
+  SubAllocator* sub_of_locked(std::uint16_t context);              // nullptr: it has ended
+  std::size_t contexts_ending_ = 0;
+  // finish_context_end()'s parts: the context's blocks, its deferred frees, its ranges.
+  void release_context_blocks(std::uint16_t context);
+  void drop_context_frees(std::uint16_t context);
+  void drop_context_ranges(std::uint16_t context);
   std::vector<ParkedRange> unfenced_;
   std::uint64_t unfenced_bytes_ = 0;
   std::deque<Fence> fences_;
   struct DriverRange {
     std::uint64_t addr;   // what the Backend returned
     std::uint64_t bytes;  // what was asked of it (and reserved under the cap)
+    std::uint16_t context;  // the context it was made in (Block::context)
   };
   std::map<std::uint64_t, DriverRange> driver_ranges_;  // by the range's 2 MiB-aligned base
   std::atomic<std::uint64_t> range_bytes_{0};

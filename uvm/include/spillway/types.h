@@ -68,8 +68,12 @@ struct Block {
   StreamHandle stream = 0;   // the stream of a stream-ordered allocation, else 0
   int device = 0;
   bool suballocated = false; // carved by the Engine's sub-allocator from one of its ranges
+  // The Engine's number for the context current at its allocation (Backend::current_context;
+  // Engine::context_ended releases a context's blocks). Numbers of ended contexts are reused.
+  std::uint16_t context = 0;
   std::uint64_t end() const { return base + bytes; }
   bool contains(std::uint64_t addr) const { return addr >= base && addr - base < bytes; }
 };
+static_assert(sizeof(Block) == 48, "the allocation table holds one Block per live block: keep it small");
 
 }  // namespace spillway
