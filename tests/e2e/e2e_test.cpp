@@ -36,10 +36,6 @@ RunResult program(const std::string& name, std::vector<std::string> args, const 
   return run(args, env);
 }
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 nlohmann::json read_report(const std::string& path) {
   std::string text = read_file(path);
   if (text.empty()) return nlohmann::json::object();

@@ -76,10 +76,6 @@ RunResult program(const std::string& name, std::vector<std::string> args, const 
   return run(args, env, 240);
 }
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 class GpuDriverAllocationPath : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuDriverAllocationPath, EndsManagedWithShim) {

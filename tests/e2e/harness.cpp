@@ -38,6 +38,10 @@ bool links_library(const std::string& path, const std::string& soname_prefix) {
 }
 }  // namespace
 
+std::string describe(const RunResult& r) {
+  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
+}
+
 RunResult run(const std::vector<std::string>& argv, const Env& env, int timeout_s) {
   RunResult result;
   int out_pipe[2], err_pipe[2];

@@ -30,6 +30,8 @@ std::string read_file(const std::string& path);
 std::string temp_dir();
 // The value after "key=" in the first line that has it, or "" if none.
 std::string field(const std::string& text, const std::string& key);
+// "exit N", then the child's stdout and stderr under headings: a failed check's message.
+std::string describe(const RunResult& r);
 // Lines of `text` that contain `needle`.
 std::vector<std::string> lines_with(const std::string& text, const std::string& needle);
 

@@ -32,10 +32,6 @@ RunResult launches(std::vector<std::string> args, const Env& env) {
   return run(args, env);
 }
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 std::uint64_t hex(const std::string& s) { return std::stoull(s, nullptr, 16); }
 
 struct Trace {

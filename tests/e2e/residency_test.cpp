@@ -23,10 +23,6 @@ const std::string kPrograms = PROGRAM_DIR;
 constexpr int kBlocks = 16, kIterations = 12;
 const std::string kGpuBytes = std::to_string(64u << 20);
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 struct Outcome {
   RunResult run;
   nlohmann::json stats;  // FAKECUDA_STATS

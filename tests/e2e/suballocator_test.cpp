@@ -17,10 +17,6 @@ const std::string kShim = SPILLWAY_SHIM;
 const std::string kFakeDir = FAKECUDA_DIR;
 const std::string kPrograms = PROGRAM_DIR;
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 struct ProgramRun {
   RunResult result;
   std::vector<std::string> log;  // FAKECUDA_LOG

@@ -77,3 +77,20 @@ inline size_t parse_bytes(const char* s) {
   if (*end == 'G') v <<= 30;
   return v;
 }
+
+// The fake driver's fill kernel (tests/fakecuda: a module image names its kernels and their
+// parameter sizes): fill_u32(pointer, count, value) writes `value` to `count` 32-bit words.
+inline CUfunction load_fill() {
+  CUmodule module = nullptr;
+  CHECK(cuModuleLoadData(&module, "fill_u32(8,8,4)"));
+  CUfunction f = nullptr;
+  CHECK(cuModuleGetFunction(&f, module, "fill_u32"));
+  return f;
+}
+
+// Fills `bytes` at `p` with `value` on stream `s` (one launch of fill_u32).
+inline void fill(CUfunction f, CUstream s, CUdeviceptr p, size_t bytes, unsigned value) {
+  unsigned long long count = bytes / 4;
+  void* params[] = {&p, &count, &value};
+  CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params, nullptr));
+}

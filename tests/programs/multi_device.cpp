@@ -27,20 +27,6 @@ CUcontext primary(int ordinal) {
   return ctx;
 }
 
-CUfunction load_fill() {
-  CUmodule module = nullptr;
-  CHECK(cuModuleLoadData(&module, "fill_u32(8,8,4)"));
-  CUfunction fill = nullptr;
-  CHECK(cuModuleGetFunction(&fill, module, "fill_u32"));
-  return fill;
-}
-
-void fill(CUfunction f, CUstream s, CUdeviceptr p, size_t bytes, unsigned value) {
-  unsigned long long count = bytes / 4;
-  void* params[] = {&p, &count, &value};
-  CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params, nullptr));
-}
-
 bool holds(CUdeviceptr p, size_t bytes, unsigned value) {
   unsigned first = 0, last = 0;
   CHECK(cuMemcpyDtoH(&first, p, 4));

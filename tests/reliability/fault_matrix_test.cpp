@@ -65,10 +65,6 @@ Env env_for(const std::string& log, const std::string& fail) {
   return env;
 }
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 // The exported symbol of each log line, in order.
 std::vector<std::string> calls(const std::string& log) {
   std::vector<std::string> out;

@@ -30,10 +30,6 @@ RunResult program(std::vector<std::string> args, const Env& e) {
   return run(args, e, 120);
 }
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 nlohmann::json report_of(const std::string& path, const RunResult& r) {
   const std::string text = read_file(path);
   EXPECT_FALSE(text.empty()) << describe(r);

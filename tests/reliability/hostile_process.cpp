@@ -29,19 +29,7 @@
 
 namespace {
 
-CUfunction load_fill() {
-  CUmodule m = nullptr;
-  CUfunction f = nullptr;
-  CHECK(cuModuleLoadData(&m, "fill_u32(8,8,4)"));
-  CHECK(cuModuleGetFunction(&f, m, "fill_u32"));
-  return f;
-}
-
-void fill(CUfunction f, CUdeviceptr p, size_t bytes, unsigned value) {
-  unsigned long long count = bytes / 4;
-  void* params[] = {&p, &count, &value};
-  CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, nullptr, params, nullptr));
-}
+void fill(CUfunction f, CUdeviceptr p, size_t bytes, unsigned value) { fill(f, nullptr, p, bytes, value); }
 
 void check_block(CUfunction f, size_t bytes, unsigned value) {
   CUdeviceptr p = 0;

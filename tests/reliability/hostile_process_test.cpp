@@ -28,10 +28,6 @@ RunResult program(std::vector<std::string> args, const Env& e, int timeout_s = 1
   return run(args, e, timeout_s);
 }
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 // The events of a trace file (JSON lines), or an empty list if it is empty or unreadable.
 std::vector<nlohmann::json> trace_lines(const std::string& path) {
   std::vector<nlohmann::json> lines;

@@ -55,20 +55,6 @@ CUcontext primary0() {
   return ctx;
 }
 
-CUfunction load_fill() {
-  CUmodule module = nullptr;
-  CHECK(cuModuleLoadData(&module, "fill_u32(8,8,4)"));
-  CUfunction f = nullptr;
-  CHECK(cuModuleGetFunction(&f, module, "fill_u32"));
-  return f;
-}
-
-void fill(CUfunction f, CUstream s, CUdeviceptr p, size_t bytes, unsigned value) {
-  unsigned long long count = bytes / 4;
-  void* params[] = {&p, &count, &value};
-  CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, params, nullptr));
-}
-
 // The shared runtime's few calls this program makes (dlopen'ed: the program links only the driver).
 struct Runtime {
   int (*stream_create)(CUstream*) = nullptr;

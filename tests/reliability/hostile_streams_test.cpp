@@ -28,10 +28,6 @@ RunResult program(std::vector<std::string> args, const Env& e) {
   return run(args, e, 120);
 }
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 // Fences batched (demand: no plan closes one at a free), work pending until synchronised.
 const Env kPendingWork{{"FAKECUDA_ASYNC", "1"}, {"SPILLWAY_POLICY", "demand"}};
 

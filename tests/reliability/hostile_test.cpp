@@ -32,10 +32,6 @@ RunResult hostile(std::vector<std::string> args, const Env& e, int timeout_s = 1
   return run(args, e, timeout_s);
 }
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 nlohmann::json report(const std::string& path) {
   std::string text = read_file(path);
   return text.empty() ? nlohmann::json::object() : nlohmann::json::parse(text);

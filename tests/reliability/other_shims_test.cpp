@@ -23,10 +23,6 @@ Env env(bool shim, const Env& extra = {}) {
   return e;
 }
 
-std::string describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + "\n--- stdout\n" + r.out + "--- stderr\n" + r.err;
-}
-
 // True if the shim hooks exactly `symbol`: a SPILLWAY_*_HOOK row of interpose/hooks.def.
 bool hooked(const std::string& symbol) {
   static const std::string table = read_file(HOOKS_DEF);
