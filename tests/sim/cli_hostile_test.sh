@@ -54,7 +54,7 @@ case $case_name in
 traces)
   deep=$regressions/deep-nesting-in-ranges.jsonl.gz
   nul=$regressions/nul-then-garbage.jsonl
-  long=$regressions/line-over-16MiB.jsonl.gz
+  long=$source/tests/fuzz/slow/trace/line-over-16MiB.jsonl.gz
   for cmd in "sweep --jobs 2 -q" replay; do
     # shellcheck disable=SC2086
     expect 2 "spillway: $deep:3: nesting deeper than 64" "$spillway" $cmd "$deep"
