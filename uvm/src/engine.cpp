@@ -634,6 +634,7 @@ Result Engine::sub_allocate(std::uint64_t handle, std::uint64_t bytes, StreamHan
 bool Engine::return_empty_ranges_locked(std::unique_lock<std::mutex>& lock) {
   std::vector<DriverRange> empty;
   for (auto& entry : contexts_) {
+    if (entry.second.ending) continue;  // (its ranges go with it: the driver frees them)
     for (const auto& [b, n] : entry.second.sub.take_empty_ranges()) {
       auto it = driver_ranges_.find(b);
       empty.push_back(it->second);
@@ -1373,10 +1374,14 @@ void Engine::finish_context_end(std::uint64_t handle, bool ended) {
     number = find_context_locked(handle);
     if (number == 0) return;
     ContextRanges& c = contexts_[number];
-    if (c.ending) --contexts_ending_;
-    c.ending = false;
-    if (!ended) return;
+    if (!ended) {
+      if (c.ending) --contexts_ending_;
+      c.ending = false;
+      return;
+    }
   }
+  // (It stays `ending` until its ranges are gone: a fence closed meanwhile by another thread
+  // must not discard them, as the driver has freed them and may have handed them out again.)
   release_context_blocks(number);
   drop_context_frees(number);
   drop_context_ranges(number);
@@ -1431,6 +1436,7 @@ void Engine::drop_context_ranges(std::uint16_t context) {
     unreserve(it->second.bytes);
     it = driver_ranges_.erase(it);
   }
+  if (auto c = contexts_.find(context); c != contexts_.end() && c->second.ending) --contexts_ending_;
   contexts_.erase(context);
 }
 

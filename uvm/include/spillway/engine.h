@@ -297,7 +297,8 @@ class Engine {
   // live blocks leave the table (each a free, as the Policies and the observer see it), its
   // deferred frees, parked ranges and ranges are dropped (none reaches the Backend: the
   // driver's memory no longer) and the host cap counts them no more. Otherwise (the call
-  // failed, a release that was not the last) its freed ranges are discarded again. Thread-safe.
+  // failed, a release that was not the last) its freed ranges are discarded again. It stays
+  // ending (no discard, no range returned to the driver) until its ranges are dropped. Thread-safe.
   void finish_context_end(std::uint64_t handle, bool ended);
 
   // Releases deferred frees whose events have completed; with `wait`, waits for all (and for
