@@ -21,31 +21,24 @@ fail() {
 }
 
 # expect STATUS 'EXPECTED STDERR' COMMAND...: runs COMMAND (stdout dropped) and checks its
-# status and that stderr is exactly the one expected line.
-expect() {
-  want_status=$1
-  want_err=$2
-  shift 2
-  got=$("$@" 2>&1 >/dev/null)
+# status and that stderr is exactly the one expected line. expect_full_stdout: the same with
+# stdout into /dev/full.
+expect_with_stdout() {
+  stdout=$1
+  want_status=$2
+  want_err=$3
+  shift 3
+  shown="$*"
+  [ "$stdout" = /dev/null ] || shown="$* >$stdout"
+  got=$("$@" 2>&1 >"$stdout")
   status=$?
-  [ "$status" -eq "$want_status" ] || fail "status $status, not $want_status: $*"
-  [ "$got" = "$want_err" ] || fail "stderr of $*:
+  [ "$status" -eq "$want_status" ] || fail "status $status, not $want_status: $shown"
+  [ "$got" = "$want_err" ] || fail "stderr of $shown:
   got:  $got
   want: $want_err"
 }
-
-# expect_full_stdout STATUS 'EXPECTED STDERR' COMMAND...: as expect, stdout into /dev/full.
-expect_full_stdout() {
-  want_status=$1
-  want_err=$2
-  shift 2
-  got=$("$@" 2>&1 >/dev/full)
-  status=$?
-  [ "$status" -eq "$want_status" ] || fail "status $status, not $want_status: $* >/dev/full"
-  [ "$got" = "$want_err" ] || fail "stderr of $* >/dev/full:
-  got:  $got
-  want: $want_err"
-}
+expect() { expect_with_stdout /dev/null "$@"; }
+expect_full_stdout() { expect_with_stdout /dev/full "$@"; }
 
 rm -rf "$scratch"
 mkdir -p "$scratch" || exit 1
