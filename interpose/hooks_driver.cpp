@@ -53,7 +53,7 @@ CUresult free_outside(CUdeviceptr dptr, const std::function<CUresult()>& free_it
   const std::uint64_t bytes =
       e != nullptr && dptr != 0 ? e->take_device_memory(Engine::DeviceMemory::allocation, dptr, &device) : 0;
   CUresult r = free_it();
-  if (r != CUDA_SUCCESS && bytes != 0) e->restore_device_memory(Engine::DeviceMemory::allocation, dptr, bytes, device);
+  if (r != CUDA_SUCCESS && bytes != 0) e->note_device_memory(Engine::DeviceMemory::allocation, dptr, bytes, device);
   return r;
 }
 
@@ -321,7 +321,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   int device = 0;
   const std::uint64_t bytes = e != nullptr ? e->take_device_memory(Engine::DeviceMemory::vmm, handle, &device) : 0;
   CUresult r = real().cuMemRelease(handle);
-  if (r != CUDA_SUCCESS && bytes != 0) e->restore_device_memory(Engine::DeviceMemory::vmm, handle, bytes, device);
+  if (r != CUDA_SUCCESS && bytes != 0) e->note_device_memory(Engine::DeviceMemory::vmm, handle, bytes, device);
   return r;
 }
 

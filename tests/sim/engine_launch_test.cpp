@@ -123,7 +123,7 @@ TEST(EngineLaunch, DeviceMemoryOutsideShrinksTheBudgetWhileItLives) {
   EXPECT_EQ(f.engine.outside_device_bytes(), 3 * kChunkBytes);
   EXPECT_EQ(f.engine.take_device_memory(Kind::allocation, 0x2000), 2 * kChunkBytes);
   EXPECT_EQ(f.engine.take_device_memory(Kind::allocation, 0x2000), 0u);
-  f.engine.restore_device_memory(Kind::allocation, 0x2000, 2 * kChunkBytes, 0);  // the driver refused the free
+  f.engine.note_device_memory(Kind::allocation, 0x2000, 2 * kChunkBytes, 0);  // the driver refused the free
   EXPECT_EQ(f.engine.outside_device_bytes(), 3 * kChunkBytes);
   f.engine.note_device_memory(Kind::vmm, 0x9000, 64 * kChunkBytes, 0);
   EXPECT_EQ(f.engine.budget_bytes(), 0u) << "never below 0";
@@ -291,7 +291,7 @@ TEST(EngineDevices, OutsideMemoryShrinksOnlyItsOwnDevicesBudget) {
   EXPECT_EQ(f.engine.take_device_memory(Kind::allocation, 0x2000, &device), 3 * kChunkBytes);
   EXPECT_EQ(device, 1);
   EXPECT_EQ(f.engine.budget_bytes(1), 8 * kChunkBytes);
-  f.engine.restore_device_memory(Kind::allocation, 0x2000, 3 * kChunkBytes, device);
+  f.engine.note_device_memory(Kind::allocation, 0x2000, 3 * kChunkBytes, device);
   Stats s = f.engine.stats();
   EXPECT_EQ(s.devices[1].outside_device_bytes, 3 * kChunkBytes);
   EXPECT_EQ(s.devices[0].outside_device_bytes, 0u);

@@ -11,6 +11,7 @@
 #include "spillway/log.h"
 #include "spillway/size.h"
 #include "spillway/state_bytes.h"
+#include "residency_plan.h"
 
 namespace spillway {
 
@@ -41,219 +42,22 @@ class Engine::EngineActions final : public Actions {
   std::vector<Action> list;
 };
 
-// The Engine's residency plan: the chunks it has made (or believes) resident, in least
-// recently used order (an intrusive list over a node pool), each with the launch epoch that
-// pinned it last.
-class Engine::Residency final : public VictimQuery {
- public:
-  static constexpr std::uint32_t kNil = std::numeric_limits<std::uint32_t>::max();
-
-  bool contains(ChunkIndex c) const { return node_of(c) != kNil; }
-  std::size_t size() const { return size_; }
-  std::uint64_t epoch = 0;
-
-  // Launches planned whose kernels are not issued yet (launch_in_flight), by epoch, with the
-  // chunks of their footprint they hold (each resident chunk counts its holders). Few: one
-  // per thread between its plan and its launch.
-  std::vector<std::pair<std::uint64_t, std::vector<ChunkIndex>>> in_flight;
-  void release(const std::vector<ChunkIndex>& chunks) {
-    for (ChunkIndex c : chunks) {
-      const std::uint32_t n = node_of(c);
-      // (A chunk whose block was freed meanwhile left the plan with its count.)
-      if (n != kNil && nodes_[n].held > 0) --nodes_[n].held;
-    }
-  }
-
-  bool pinned(ChunkIndex c) const override {
-    const std::uint32_t n = node_of(c);
-    return n != kNil && pinned_node(n);
-  }
-  // Held by a launch in flight (launch_in_flight), whatever the epoch.
-  bool held(ChunkIndex c) const {
-    const std::uint32_t n = node_of(c);
-    return n != kNil && nodes_[n].held > 0;
-  }
-  void for_each_lru(const std::function<bool(ChunkIndex)>& visit) const override {
-    for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
-      if (!visit(nodes_[n].chunk)) return;
-    }
-  }
-  // Marks `c` most recently used and pinned for this epoch (and, with `hold`, held by one
-  // more launch in flight); false if not resident.
-  bool touch_pin(ChunkIndex c, bool hold = false) {
-    const std::uint32_t n = node_of(c);
-    if (n == kNil) return false;
-    unlink(n);
-    link_tail(n);
-    nodes_[n].pin = epoch;
-    nodes_[n].held += hold ? 1 : 0;
-    return true;
-  }
-  void insert_pinned(ChunkIndex c, std::uint64_t base = 0, std::uint64_t end = 0, bool hold = false) {
-    std::uint32_t n;
-    if (!free_.empty()) {
-      n = free_.back();
-      free_.pop_back();
-    } else {
-      n = static_cast<std::uint32_t>(nodes_.size());
-      nodes_.push_back({});
-    }
-    nodes_[n] = Node{c, kNil, kNil, epoch, base, end, hold ? 1u : 0u};
-    link_tail(n);
-    index_.set(c, n + 1);
-    ++size_;
-  }
-  // Removes `c`; false if it was not resident. With `block`, stores there the block
-  // recorded at insertion ([base, end); 0, 0 when unknown).
-  bool erase(ChunkIndex c, std::uint64_t* base = nullptr, std::uint64_t* end = nullptr) {
-    const std::uint32_t n = node_of(c);
-    if (n == kNil) return false;
-    if (base != nullptr) *base = nodes_[n].base;
-    if (end != nullptr) *end = nodes_[n].end;
-    unlink(n);
-    free_.push_back(n);
-    index_.set(c, 0);
-    --size_;
-    return true;
-  }
-  // The least recently used unpinned chunk, if any.
-  bool lru_unpinned(ChunkIndex* out) const {
-    for (std::uint32_t n = head_; n != kNil; n = nodes_[n].next) {
-      if (!pinned_node(n)) {
-        *out = nodes_[n].chunk;
-        return true;
-      }
-    }
-    return false;
-  }
-  // Heap bytes held (spillway/state_bytes.h).
-  std::uint64_t state_bytes() const {
-    std::uint64_t held = 0;
-    for (const auto& f : in_flight) held += vector_heap_bytes(f.second);
-    return index_.heap_bytes() +
-           vector_heap_bytes(nodes_) + vector_heap_bytes(free_) + vector_heap_bytes(in_flight) + held;
-  }
-
- private:
-  struct Node {
-    ChunkIndex chunk = 0;
-    std::uint32_t prev = kNil, next = kNil;
-    std::uint64_t pin = 0;
-    std::uint64_t base = 0, end = 0;  // the block covering the whole chunk, if known
-    std::uint32_t held = 0;           // launches in flight whose kernel will use it
-  };
-  bool pinned_node(std::uint32_t n) const {
-    return nodes_[n].pin == epoch || nodes_[n].held > 0;
-  }
-  void unlink(std::uint32_t n) {
-    Node& x = nodes_[n];
-    if (x.prev != kNil) nodes_[x.prev].next = x.next; else head_ = x.next;
-    if (x.next != kNil) nodes_[x.next].prev = x.prev; else tail_ = x.prev;
-    x.prev = x.next = kNil;
-  }
-  void link_tail(std::uint32_t n) {
-    nodes_[n].prev = tail_;
-    nodes_[n].next = kNil;
-    if (tail_ != kNil) nodes_[tail_].next = n; else head_ = n;
-    tail_ = n;
-  }
-  // The node of chunk c, or kNil when c is not resident.
-  std::uint32_t node_of(ChunkIndex c) const {
-    const std::uint32_t* slot = index_.find(c);
-    return slot == nullptr ? kNil : *slot - 1;  // (0, no node, wraps to kNil)
-  }
-  // Per chunk: its node + 1, 0 when not resident; 4096 chunks (8 GiB) to a page.
-  using Index = ChunkPages<std::uint32_t, 12>;
-  Index index_;
-  std::size_t size_ = 0;
-  std::vector<Node> nodes_;
-  std::vector<std::uint32_t> free_;
-  std::uint32_t head_ = kNil, tail_ = kNil;
-};
-
 // One device's plan (engine.h, "One plan per device"). Its Policy and residency are guarded
 // by the Engine's mutex_, like `counters`; the rest is atomic.
 struct Engine::DevicePlan {
   int device = 0;
   std::unique_ptr<Policy> policy;
-  Residency residency;
+  ResidencyPlan residency;
   std::atomic<std::uint64_t> start_budget{0};
   std::atomic<std::uint64_t> physical_total{0};
-  std::atomic<std::uint64_t> outside_bytes{0};
-  std::atomic<std::uint64_t> outside_peak{0};
+  const OutsideMemory* outside = nullptr;  // the Engine's
   std::atomic<std::uint64_t> live_bytes{0};  // the live blocks allocated on it
   DeviceStats counters;                      // the moves and launches; guarded by mutex_
   std::uint64_t budget() const {
-    const std::uint64_t b = start_budget.load(std::memory_order_relaxed), o = outside_bytes.load(std::memory_order_relaxed);
+    const std::uint64_t b = start_budget.load(std::memory_order_relaxed), o = outside->bytes_on(device);
     return b > o ? b - o : 0;
   }
 };
-
-namespace {
-// The calling thread's own sections in progress, per slot: a free made on a thread inside a
-// section (exit() from a signal handler that interrupted one, then a free at exit) must not
-// wait for itself.
-thread_local std::uint32_t t_own_sections[2] = {0, 0};
-}  // namespace
-
-// engine.h, "IssueSection". Entering reads the epoch, counts itself in that epoch's slot and
-// checks that the epoch has not moved meanwhile (else it counts itself again in the new one).
-class Engine::IssueSection {
- public:
-  explicit IssueSection(Engine& e) : e_(e) {
-    for (;;) {
-      const std::uint64_t epoch = e_.issue_epoch_.load();
-      slot_ = static_cast<unsigned>(epoch & 1);
-      ++t_own_sections[slot_];
-      e_.issuing_[slot_].fetch_add(1);
-      if (e_.issue_epoch_.load() == epoch) return;
-      e_.issuing_[slot_].fetch_sub(1);
-      --t_own_sections[slot_];
-    }
-  }
-  ~IssueSection() {
-    e_.issuing_[slot_].fetch_sub(1);
-    --t_own_sections[slot_];
-  }
-  IssueSection(const IssueSection&) = delete;
-  IssueSection& operator=(const IssueSection&) = delete;
-
- private:
-  Engine& e_;
-  unsigned slot_ = 0;
-};
-
-void Engine::wait_for_issuers() {
-  // (The caller's block has left the table: a section that could still name it is counted
-  // now. None counted but the caller's own: none can.)
-  if (issuing_[0].load() == t_own_sections[0] && issuing_[1].load() == t_own_sections[1]) return;
-  std::unique_lock lock(grace_mutex_, std::try_to_lock);
-  // (Another thread's wait is flipping: wait for it — unless this thread interrupted its own
-  // wait, the only way it could hold the lock already.)
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (!lock.owns_lock()) {
-    if (std::chrono::steady_clock::now() > give_up) break;
-    std::this_thread::yield();
-    lock.try_lock();
-  }
-  const std::uint64_t old = issue_epoch_.fetch_add(1);
-  // Sections of the epoch before `old` were waited for by the previous flip; those entered
-  // from now on count in the other slot. A section is a few driver calls that enqueue work:
-  // one still in progress after a second is a driver stuck in a call, and the host must not
-  // hang with it (the free then goes ahead, logged once).
-  for (int spins = 0; issuing_[old & 1].load() > t_own_sections[old & 1]; ++spins) {
-    if (spins < 1024) {
-      std::this_thread::yield();
-      continue;
-    }
-    if (std::chrono::steady_clock::now() > give_up) {
-      SPILLWAY_LOG_ONCE(LogLevel::warn, "a free waited 1 s for a prefetch or advice being issued on another thread; "
-                                        "freeing anyway");
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
 
 void Engine::send_checked(const Action& a, int device, DevicePlan* plan) {
   // One call per live block the range overlaps, clipped to it: nothing of a block freed
@@ -263,7 +67,7 @@ void Engine::send_checked(const Action& a, int device, DevicePlan* plan) {
     Action piece = a;
     Result r;
     {
-      IssueSection section(*this);
+      ReleaseGate::IssueSection section(gate_);
       std::optional<Block> b = table_.first_overlapping(addr, end);
       if (!b) return;
       piece.addr = std::max(addr, b->base);
@@ -272,47 +76,6 @@ void Engine::send_checked(const Action& a, int device, DevicePlan* plan) {
     }
     count_action(plan, piece, r);
     addr = piece.addr + piece.bytes;
-  }
-}
-
-Engine::ClaimShard& Engine::claim_shard(std::uint64_t addr) {
-  return claims_[(addr >> 8) * 0x9e3779b97f4a7c15ull >> (64 - 6)];  // (blocks are 256 B aligned)
-}
-
-std::uint64_t Engine::claim_release(std::uint64_t addr) {
-  ClaimShard& s = claim_shard(addr);
-  std::lock_guard lock(s.mutex);
-  for (const auto& [a, token] : s.claims) {
-    if (a == addr) return 0;
-  }
-  const std::uint64_t token = ++s.tokens;
-  s.claims.emplace_back(addr, token);
-  releasing_count_.fetch_add(1);
-  return token;
-}
-
-void Engine::end_release(std::uint64_t addr, std::uint64_t token) {
-  ClaimShard& s = claim_shard(addr);
-  std::lock_guard lock(s.mutex);
-  for (auto& c : s.claims) {
-    if (c.first != addr) continue;
-    if (c.second != token) return;  // (an allocation there dropped it, and another release claimed it)
-    c = s.claims.back();
-    s.claims.pop_back();
-    releasing_count_.fetch_sub(1);
-    return;
-  }
-}
-
-void Engine::drop_stale_claim(std::uint64_t addr) {
-  ClaimShard& s = claim_shard(addr);
-  std::lock_guard lock(s.mutex);
-  for (auto& c : s.claims) {
-    if (c.first != addr) continue;
-    c = s.claims.back();
-    s.claims.pop_back();
-    releasing_count_.fetch_sub(1);
-    return;
   }
 }
 
@@ -369,6 +132,7 @@ std::unique_ptr<Engine::DevicePlan> Engine::read_plan(int device, std::unique_pt
   }
   auto plan = std::make_unique<DevicePlan>();
   plan->device = device;
+  plan->outside = &outside_;
   plan->counters.device = device;
   plan->policy = std::move(policy);
   const std::uint64_t budget = planned_budget_bytes(config_, free_bytes, total_bytes);
@@ -542,7 +306,7 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
     }
   }
   // The driver has freed a block here, and its releaser may not have dropped its claim yet.
-  if (releasing_count_.load() != 0) drop_stale_claim(base);
+  gate_.drop_stale_claim(base);
   Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device, sub, context};
   if (!table_.insert(block)) {
     // The driver handed out a range we still hold: our table is wrong. Keep the program
@@ -867,7 +631,7 @@ void Engine::run_policy_free(const Block& block) {
 
 bool Engine::make_room(DevicePlan& plan, std::vector<Move>& moves) {
   const std::uint64_t budget_chunks = plan.budget() / kChunkBytes;
-  Residency& r = plan.residency;
+  ResidencyPlan& r = plan.residency;
   while (r.size() >= budget_chunks) {
     ChunkIndex victim = 0;
     bool ok = plan.policy->choose_victim(r, &victim) && r.contains(victim) && !r.pinned(victim);
@@ -897,7 +661,7 @@ void Engine::leave_other_plans(const DevicePlan& plan, ChunkIndex c) {
 
 void Engine::plan_launch(DevicePlan& plan, const Launch& launch, const EngineActions& actions, std::vector<Move>& moves,
                          std::vector<ChunkIndex>* held) {
-  Residency& r = plan.residency;
+  ResidencyPlan& r = plan.residency;
   Policy& policy = *plan.policy;
   ++r.epoch;
   auto for_chunks = [](std::uint64_t addr, std::uint64_t bytes, auto&& fn) {
@@ -978,13 +742,6 @@ void Engine::plan_launch(DevicePlan& plan, const Launch& launch, const EngineAct
   }
 }
 
-std::uint64_t Engine::frees_at_plan() const {
-  // (done first: equal counts then mean no free was between its two steps at the second load)
-  const std::uint64_t done = frees_done_.load();
-  const std::uint64_t started = frees_started_.load();
-  return started == done ? started : kFreeInProgress;
-}
-
 void Engine::carry_out(DevicePlan& plan, const EngineActions& actions, const std::vector<Move>& moves, bool planned,
                        std::uint64_t frees_at_plan) {
   const int device = plan.device;
@@ -1003,14 +760,11 @@ void Engine::carry_out(DevicePlan& plan, const EngineActions& actions, const std
   // the dead data, where the driver would evict something else — live data — to make room.
   // (Host-side order: with the driver's asynchronous copies, the shim's GPU stream also
   // waits for its host stream after evictions and discards: cuda_backend.h.)
-  std::uint64_t await_frees = 0;  // frees_started_ when such an eviction was dropped
+  std::uint64_t await_frees = 0;  // frees_started() when such an eviction was dropped
   std::size_t i = 0;
   while (i < moves.size()) {
     if (await_frees != 0 && moves[i].to == Location::gpu) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
-      while (frees_done_.load() < await_frees && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      gate_.wait_for_frees(await_frees, std::chrono::milliseconds(20));
       await_frees = 0;
     }
     std::size_t j = i + 1;
@@ -1023,8 +777,8 @@ void Engine::carry_out(DevicePlan& plan, const EngineActions& actions, const std
     // one known block covers wholly is one piece: no table look-up.
     std::uint64_t addr = moves[i].chunk * kChunkBytes;
     const std::uint64_t end = (moves[j - 1].chunk + 1) * kChunkBytes;
-    IssueSection section(*this);  // the checks below hold until the calls are made
-    if (one_block && moves[i].base <= addr && moves[i].end >= end && frees_started_.load() == frees_at_plan) {
+    ReleaseGate::IssueSection section(gate_);  // the checks below hold until the calls are made
+    if (one_block && moves[i].base <= addr && moves[i].end >= end && gate_.frees_started() == frees_at_plan) {
       Result r = backend_.prefetch(addr, end - addr, moves[i].to, device);
       std::lock_guard lock(mutex_);
       count_move(plan, moves[i].to, end - addr, r);
@@ -1036,7 +790,7 @@ void Engine::carry_out(DevicePlan& plan, const EngineActions& actions, const std
       if (!b) {  // a chunk's head may hold no block (sub-chunk blocks): try its other bytes
         std::optional<Block> tail = table_.find(std::min(end, (addr / kChunkBytes + 1) * kChunkBytes) - 1);
         if (!tail || tail->base <= addr) {
-          if (moves[i].to == Location::cpu && frees_started_.load() != frees_done_.load()) await_frees = frees_started_.load();
+          if (moves[i].to == Location::cpu && gate_.frees_started() != gate_.frees_done()) await_frees = gate_.frees_started();
           addr = (addr / kChunkBytes + 1) * kChunkBytes;
           continue;
         }
@@ -1077,7 +831,7 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight, int* devi
     moves.reserve(16);
   }
   bool planned = false;
-  std::uint64_t epoch = 0, turn = 0, frees = kFreeInProgress;
+  std::uint64_t epoch = 0, turn = 0, frees = ReleaseGate::kFreeInProgress;
   {
     std::lock_guard lock(mutex_);
     ++counters_.launches;
@@ -1127,7 +881,7 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight, int* devi
     planned = policy_manages_residency_;
     if (planned) {
       std::vector<ChunkIndex> held;  // the launch's resident chunks, held while it is in flight
-      frees = frees_at_plan();
+      frees = gate_.frees_at_plan();
       plan_launch(plan, refined, actions, moves, in_flight ? &held : nullptr);
       turn = plans_made_++;
       if (in_flight) {
@@ -1214,7 +968,7 @@ std::uint64_t Engine::planned_resident_chunks(int device) const {
 Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours) {
   // The address is claimed first: a block being released (by another thread now, or
   // stream-ordered and pending) holds a claim, and the driver must not free it a second time.
-  const std::uint64_t claim = claim_release(addr);
+  const std::uint64_t claim = gate_.claim(addr);
   if (claim == 0) {
     *ours = true;
     return Result{Status::invalid_value, 0};
@@ -1222,13 +976,13 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   bool capturing = false;
   if (stream) {
     if (!table_.find_base(addr)) {
-      end_release(addr, claim);
+      gate_.end_claim(addr, claim);
       *ours = in_suballocator_range(addr);
       return *ours ? Result{Status::invalid_value, 0} : Result{};
     }
     // Never guess the state of a stream the driver does not know: its own error, block kept.
     if (Result st = backend_.capture_status(*stream, &capturing); !st.ok()) {
-      end_release(addr, claim);
+      gate_.end_claim(addr, claim);
       *ours = true;
       return st;
     }
@@ -1238,15 +992,11 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   // carried out after another free started, may hold moves of the freed block's chunks
   // (frees_at_plan; carry_out's wait). (One carried out before this count moves, moves them
   // before the driver frees the block: no harm.)
-  frees_started_.fetch_add(1);
-  struct Done {
-    std::atomic<std::uint64_t>& done;
-    ~Done() { done.fetch_add(1); }
-  } done{frees_done_};
+  const ReleaseGate::FreeInProgress free_in_progress(gate_);
   std::optional<Block> block = table_.erase(addr);
   *ours = block.has_value();
   if (!block) {
-    end_release(addr, claim);
+    gate_.end_claim(addr, claim);
     // Inside a range of ours but no block's base: never the driver's to free.
     *ours = in_suballocator_range(addr);
     return *ours ? Result{Status::invalid_value, 0} : Result{};
@@ -1255,7 +1005,7 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     // Dead now: the range waits for a fence (no device wait), and then its own chunks leave
     // the plan — after the fence that discards them is issued, so that no plan counts their
     // room as free while the driver may still hold them.
-    wait_for_issuers();
+    gate_.wait_for_issuers();
     // Under a policy that plans residency, a free whose chunks die with it is fenced at once
     // (a block on whole chunks of its own; the last live block of a slab the plan holds
     // resident): the fence discards them as soon as the work before it is done (a slab: the
@@ -1275,20 +1025,20 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
       if (fences_pending_.load(std::memory_order_relaxed)) poll_fences_locked(false);
     }
     run_policy_free(*block);
-    end_release(addr, claim);
+    gate_.end_claim(addr, claim);
     finish_release(addr, block->bytes, stream.has_value(), false);
     return Result{};
   }
   if (!stream) {
-    wait_for_issuers();
+    gate_.wait_for_issuers();
     Result r = backend_.free_managed(addr);
     if (!r.ok()) {
       // The driver still holds the block: keep it ours, so that the program can free it again.
       table_.insert(*block);
-      end_release(addr, claim);
+      gate_.end_claim(addr, claim);
       return r;
     }
-    end_release(addr, claim);
+    gate_.end_claim(addr, claim);
     run_policy_free(*block);
     finish_release(addr, block->bytes, false);
     if (has_pending_.load(std::memory_order_relaxed)) reclaim(false);
@@ -1390,17 +1140,16 @@ void Engine::finish_context_end(std::uint64_t handle, bool ended) {
 void Engine::release_context_blocks(std::uint16_t context) {
   const std::vector<Block> blocks = table_.blocks_of_context(context);
   if (blocks.empty()) return;
-  frees_started_.fetch_add(1);  // (as in release(): plans made meanwhile are clipped)
+  const ReleaseGate::FreeInProgress free_in_progress(gate_);  // (as in release(): plans made meanwhile are clipped)
   std::vector<Block> gone;
   for (const Block& b : blocks) {
     if (std::optional<Block> erased = table_.erase(b.base)) gone.push_back(*erased);
   }
-  wait_for_issuers();
+  gate_.wait_for_issuers();
   for (const Block& b : gone) {
     run_policy_free(b);
     finish_release(b.base, b.bytes, false, !b.suballocated);  // (a carved block's bytes are its range's)
   }
-  frees_done_.fetch_add(1);
 }
 
 void Engine::drop_context_frees(std::uint16_t context) {
@@ -1414,7 +1163,7 @@ void Engine::drop_context_frees(std::uint16_t context) {
   }
   // (Their blocks went with the context; their events too, if the stream was the context's.)
   for (const PendingFree& p : gone) {
-    end_release(p.addr, p.claim);
+    gate_.end_claim(p.addr, p.claim);
     finish_release(p.addr, p.bytes, true);
   }
 }
@@ -1443,10 +1192,10 @@ void Engine::drop_context_ranges(std::uint16_t context) {
 void Engine::release_deferred(PendingFree& p) {
   // A release the driver refuses is tried once more at once, then again at later reclaims:
   // the block must not be dropped while the driver still holds it.
-  wait_for_issuers();
+  gate_.wait_for_issuers();
   for (int i = 0; i < 2; ++i) {
     if (backend_.free_managed(p.addr).ok()) {
-      end_release(p.addr, p.claim);
+      gate_.end_claim(p.addr, p.claim);
       finish_release(p.addr, p.bytes, true);
       return;
     }
@@ -1456,7 +1205,7 @@ void Engine::release_deferred(PendingFree& p) {
   if (++p.failed_attempts >= kMaxReleaseAttempts) {
     log(LogLevel::warn, "the driver refused {} times to release managed block {:#x} ({}); it stays allocated",
         2 * kMaxReleaseAttempts, p.addr, format_bytes(p.bytes));
-    end_release(p.addr, p.claim);  // the driver's own: a later free of it is the driver's to answer
+    gate_.end_claim(p.addr, p.claim);  // the driver's own: a later free of it is the driver's to answer
     return;
   }
   p.event = 0;
@@ -1521,46 +1270,14 @@ void Engine::note_passed_through(bool excluded) {
   if (excluded) ++counters_.allocations_excluded;
 }
 
-void Engine::count_outside_locked(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, DevicePlan& plan) {
-  auto [it, inserted] = outside_.try_emplace({static_cast<int>(kind), key}, bytes, plan.device);
-  if (!inserted) {  // (a key whose release was missed, e.g. a destroyed context's memory)
-    if (DevicePlan* was = plan_of(it->second.second)) was->outside_bytes.fetch_sub(it->second.first, std::memory_order_relaxed);
-    outside_bytes_.fetch_sub(it->second.first, std::memory_order_relaxed);
-    it->second = {bytes, plan.device};
-  }
-  outside_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  const std::uint64_t now = plan.outside_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-  if (now > plan.outside_peak.load(std::memory_order_relaxed)) plan.outside_peak.store(now, std::memory_order_relaxed);
-}
-
 void Engine::note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept {
-  restore_device_memory(kind, key, bytes, device);
+  // (Memory on a device without a plan yet is not counted: its budget will exclude it.)
+  if (start_state_.load(std::memory_order_acquire) != 1 || plan_of(device) == nullptr) return;
+  outside_.note(kind, key, bytes, device);
 }
 
 std::uint64_t Engine::take_device_memory(DeviceMemory kind, std::uint64_t key, int* device) noexcept {
-  std::lock_guard lock(outside_mutex_);
-  auto it = outside_.find({static_cast<int>(kind), key});
-  if (it == outside_.end()) return 0;
-  const auto [bytes, on] = it->second;
-  outside_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
-  if (DevicePlan* p = plan_of(on)) p->outside_bytes.fetch_sub(bytes, std::memory_order_relaxed);
-  if (device != nullptr) *device = on;
-  outside_.erase(it);
-  return bytes;
-}
-
-void Engine::restore_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept {
-  if (bytes == 0 || start_state_.load(std::memory_order_acquire) != 1) return;
-  DevicePlan* plan = plan_of(device);  // (memory on a device without a plan yet: its budget will exclude it)
-  if (plan == nullptr) return;
-  std::lock_guard lock(outside_mutex_);
-  if (outside_failed_) return;
-  try {
-    count_outside_locked(kind, key, bytes, *plan);
-  } catch (...) {
-    outside_failed_ = true;
-    log(LogLevel::warn, "cannot record device memory held outside managed memory (out of memory); the budget stops counting it");
-  }
+  return outside_.take(kind, key, device);
 }
 
 Stats Engine::stats() const {
@@ -1589,8 +1306,8 @@ Stats Engine::stats_locked() const {
     DeviceStats d = p.counters;
     d.budget_bytes = p.budget();
     d.start_budget_bytes = p.start_budget.load(std::memory_order_relaxed);
-    d.outside_device_bytes = p.outside_bytes.load(std::memory_order_relaxed);
-    d.outside_device_peak_bytes = p.outside_peak.load(std::memory_order_relaxed);
+    d.outside_device_bytes = outside_.bytes_on(p.device);
+    d.outside_device_peak_bytes = outside_.peak_on(p.device);
     d.physical_total_bytes = p.physical_total.load(std::memory_order_relaxed);
     d.live_block_bytes = p.live_bytes.load(std::memory_order_relaxed);
     d.resident_chunks = p.residency.size();

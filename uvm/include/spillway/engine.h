@@ -21,7 +21,9 @@
 #include "spillway/allocation_table.h"
 #include "spillway/backend.h"
 #include "spillway/config.h"
+#include "spillway/outside_memory.h"
 #include "spillway/policy.h"
+#include "spillway/release_gate.h"
 #include "spillway/sub_allocator.h"
 
 namespace spillway {
@@ -251,32 +253,24 @@ class Engine {
   // Records an allocation left to the driver (excluded library, non-default pool, ...).
   void note_passed_through(bool excluded);
 
-  // Device memory the program holds outside Spillway's managed memory (issue 15 item 2):
-  // allocations passed through to the driver (an excluded library's such as NCCL's buffers,
-  // a pool the program created, one made during a stream capture) and VMM physical memory
-  // (cuMemCreate: PyTorch's expandable segments, JAX/XLA's VMM allocator). It occupies the
-  // GPU as a resident chunk would, so while it lives budget_bytes(device) is the budget read
-  // when that device's plan opened less its bytes (never below 0), and the next plan evicts
-  // to fit. `key` names it
-  // at its release: an allocation's address, or a VMM handle (kind vmm); `device` is where
-  // it lies, and that device's budget counts it; memory on a device without a plan is not
-  // counted. Memory noted before that device's plan opened is not counted (the free memory
-  // its budget was read from already excludes it), nor is its release; the budget does not
-  // grow back when it is freed. A pool keeps freed
-  // memory until it is trimmed: counting it only while an allocation lives is a lower
-  // bound. Thread-safe (a lock of its own, never held with the Engine's); never throws (a
-  // failure to record stops the counting, with one warning).
-  enum class DeviceMemory { allocation, vmm };
+  // Device memory the program holds outside Spillway's managed memory (outside_memory.h):
+  // while it lives, budget_bytes(device) is the budget read when that device's plan opened
+  // less its bytes (never below 0), and the next plan evicts to fit. `key` names it at its
+  // release: an allocation's address, or a VMM handle (kind vmm); `device` is where it lies.
+  // Memory on a device without a plan, or noted before that device's plan opened, is not
+  // counted (the free memory its budget was read from already excludes it), nor is its
+  // release; the budget does not grow back when it is freed. A pool keeps freed memory until
+  // it is trimmed: counting it only while an allocation lives is a lower bound. Thread-safe
+  // (OutsideMemory's own lock, a leaf); never throws.
+  using DeviceMemory = OutsideMemory::Kind;
   void note_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept;
   // Takes the record of `key` out of the count before the driver frees it (so that an
   // address or handle the driver hands out again at once is counted afresh) and returns its
-  // bytes, 0 when it was not counted; give them back with restore_device_memory() if the
-  // driver refuses the free. Thread-safe; never throws.
-  // *device (when given) is set to the device it was counted on.
+  // bytes, 0 when it was not counted; note them again if the driver refuses the free.
+  // *device (when given) is set to the device it was counted on. Thread-safe; never throws.
   std::uint64_t take_device_memory(DeviceMemory kind, std::uint64_t key, int* device = nullptr) noexcept;
-  void restore_device_memory(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, int device) noexcept;
   // The bytes counted now, on every device. Lock-free.
-  std::uint64_t outside_device_bytes() const { return outside_bytes_.load(std::memory_order_relaxed); }
+  std::uint64_t outside_device_bytes() const { return outside_.bytes(); }
 
   // The program is about to destroy `stream`: frees deferred on it while it was capturing
   // get their event now (work already issued to a destroyed stream still completes), or are
@@ -363,7 +357,6 @@ class Engine {
   class EngineActions;
   struct Action;
   static Result send(Backend& backend, const Action& action, int device);
-  class Residency;
   struct DevicePlan;
   // Counts a carried-out action on `plan` (nullptr: none) and in the totals.
   void count_action(DevicePlan* plan, const Action& action, const Result& result);
@@ -413,41 +406,16 @@ class Engine {
   static constexpr std::size_t kSeqDevices = 4096;
   std::vector<std::pair<std::uint64_t, int>> seq_devices_;
   std::vector<FaultRecord> device_faults_scratch_;  // run_launch; guarded by mutex_
-  // `frees_at_plan`: frees_started_ when the plan was made, if no free was in progress then;
-  // kFreeInProgress otherwise. Moves whose recorded block may have been freed since are
-  // clipped to the blocks the table holds when they are carried out.
-  static constexpr std::uint64_t kFreeInProgress = ~0ull;
+  // `frees_at_plan`: ReleaseGate::frees_at_plan() when the plan was made. Moves whose recorded
+  // block may have been freed since are clipped to the blocks the table holds when they are
+  // carried out.
   void carry_out(DevicePlan& plan, const EngineActions& actions, const std::vector<Move>& moves, bool planned,
-                 std::uint64_t frees_at_plan = kFreeInProgress);
-  std::uint64_t frees_at_plan() const;  // for carry_out(); with mutex_ held
+                 std::uint64_t frees_at_plan = ReleaseGate::kFreeInProgress);
 
-  // Every Backend call that names a block's range (a move or a Policy's prefetch or advice)
-  // runs inside an IssueSection and checks there that the range is still in a live block;
-  // a block's Backend free first leaves the table, then waits until every section that
-  // could have seen it has ended (wait_for_issuers). So no such call reaches the Backend for
-  // a range already freed, whatever the interleaving of threads. (An epoch with two
-  // counters: sections entered before a wait's flip are waited for, later ones cannot find
-  // the block.)
-  class IssueSection;
-  void wait_for_issuers();
   // A Policy's action, sent inside IssueSections, one piece per live block its range
   // overlaps (clipped to the block).
   // `plan`: the plan whose counters its moves count in (nullptr: none).
   void send_checked(const Action& action, int device, DevicePlan* plan);
-  // Release claims (release()): one per address from before its block leaves the table
-  // until the Backend has freed it, in 64 shards by address (a few claims each: no
-  // allocation once warm, no lock shared by all frees). claim_release() returns the claim's
-  // token (never 0), or 0 when the address is claimed already; end_release() drops the claim
-  // only if it is still that one.
-  struct ClaimShard {
-    std::mutex mutex;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> claims;  // (base, token)
-    std::uint64_t tokens = 0;
-  };
-  ClaimShard& claim_shard(std::uint64_t addr);
-  std::uint64_t claim_release(std::uint64_t addr);
-  void end_release(std::uint64_t addr, std::uint64_t token);
-  void drop_stale_claim(std::uint64_t addr);  // any claim at `addr` (allocate(): the driver reused it)
 
   // The sub-allocator (sub_mutex_ guards all of it). A freed block's range is parked until a
   // fence recorded after its free completes; an emptied slab is parked once more, so that
@@ -548,28 +516,13 @@ class Engine {
   std::atomic<bool> has_pending_{false};
   std::uint64_t plans_made_ = 0;                 // residency plans made; guarded by mutex_
   std::atomic<std::uint64_t> plans_carried_{0};  // plans carried out, in order (wait_for_turn)
-  // Frees of tracked blocks started (before the block leaves the table) and done (after its
-  // chunks left the plan): a plan made while they differ, or carried out after another free
-  // started, may hold moves of a freed block's chunks.
-  std::atomic<std::uint64_t> frees_started_{0};
-  std::atomic<std::uint64_t> frees_done_{0};
   std::atomic<std::uint64_t> lo_{~0ull};
   std::atomic<std::uint64_t> hi_{0};
   std::atomic<EngineObserver*> observer_{nullptr};
 
-  // Device memory outside managed memory (note_device_memory): by (kind, key), its bytes and
-  // device.
-  std::mutex outside_mutex_;
-  std::map<std::pair<int, std::uint64_t>, std::pair<std::uint64_t, int>> outside_;  // guarded by outside_mutex_
-  bool outside_failed_ = false;                                                     // guarded by outside_mutex_
-  void count_outside_locked(DeviceMemory kind, std::uint64_t key, std::uint64_t bytes, DevicePlan& plan);  // may throw
-  std::atomic<std::uint64_t> outside_bytes_{0};  // on every device
+  OutsideMemory outside_;
 
-  std::atomic<std::uint64_t> issue_epoch_{0};
-  std::atomic<std::uint64_t> issuing_[2] = {0, 0};  // sections in progress, per epoch parity
-  std::mutex grace_mutex_;                          // one wait_for_issuers() flips at a time
-  std::array<ClaimShard, 64> claims_;
-  std::atomic<std::size_t> releasing_count_{0};
+  ReleaseGate gate_;  // the free <-> move ordering: claims, issue sections, free counts
 
   mutable std::mutex mutex_;  // guards the plans' Policies and residency, pending_ and the counters below
   std::vector<PendingFree> pending_;
