@@ -197,11 +197,7 @@ void Engine::account_state_locked() {
   // (the sub-allocator's only when its lock is free: never wait for it here).
   std::uint64_t policies = 0;
   if ((counters_.launches & 63) == 1) {
-    if (std::unique_lock sub(sub_mutex_, std::try_to_lock); sub.owns_lock()) {
-      std::uint64_t bytes = tree_heap_bytes<decltype(contexts_)>(contexts_.size());
-      for (const auto& c : contexts_) bytes += c.second.sub.state_bytes();
-      sub_state_bytes_.store(bytes, std::memory_order_relaxed);
-    }
+    if (const std::optional<std::uint64_t> bytes = sub_.state_bytes_if_free()) sub_state_bytes_.store(*bytes, std::memory_order_relaxed);
     own_state_bytes_ = own_state_bytes_locked();
     // The policies get what the tables leave, and at least a quarter of the budget, shared
     // equally among the devices' plans.
@@ -239,7 +235,7 @@ bool Engine::start() {
     }
     device_ = device;
     std::uint64_t cap = managed_cap_bytes(config_, backend_.host_memory_bytes());
-    max_managed_.store(cap);
+    cap_.set_limit(cap);
     suballocate_.store(config_.suballocator && backend_.supports_fences());
     plans_[static_cast<std::size_t>(device)].store(owned_plans_.back().get(), std::memory_order_release);
     plan_count_.store(1, std::memory_order_release);
@@ -250,21 +246,6 @@ bool Engine::start() {
 }
 
 bool Engine::usable() { return start_state_.load(std::memory_order_acquire) == 1 || start(); }
-
-bool Engine::reserve(std::uint64_t bytes) {
-  const std::uint64_t cap = max_managed_.load(std::memory_order_relaxed);
-  std::uint64_t now = managed_bytes_.load(std::memory_order_relaxed);
-  do {
-    if (bytes > cap || now > cap - bytes) return false;
-  } while (!managed_bytes_.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
-  std::uint64_t after = now + bytes;
-  std::uint64_t peak = peak_managed_.load(std::memory_order_relaxed);
-  while (after > peak && !peak_managed_.compare_exchange_weak(peak, after, std::memory_order_relaxed)) {
-  }
-  return true;
-}
-
-void Engine::unreserve(std::uint64_t bytes) { managed_bytes_.fetch_sub(bytes, std::memory_order_relaxed); }
 
 Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream, std::uint64_t* addr) {
   if (bytes == 0 || addr == nullptr) return Result{Status::invalid_value, 0};
@@ -287,21 +268,18 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   std::uint64_t base = 0;
   if (sub) {
     // (Blocks of one stream fill the same slabs; a device's default streams are its own.)
-    Result r = sub_allocate(context_handle, bytes, stream ^ (static_cast<StreamHandle>(device) << 56), &base, &context);
+    Result r = sub_.allocate(context_handle, bytes, stream ^ (static_cast<StreamHandle>(device) << 56), &base, &context);
     if (!r.ok()) return r.status == Status::out_of_memory && r.native == 0 ? refuse() : r;
   } else {
-    {
-      std::lock_guard lock(sub_mutex_);
-      context = context_number_locked(context_handle);
-    }
+    context = sub_.context_number(context_handle);
     if (context == 0) return Result{Status::not_supported, 0};
-    if (!reserve(bytes)) {
+    if (!cap_.reserve(bytes)) {
       reclaim(true);  // deferred frees may be holding the room
-      if (!reserve(bytes)) return refuse();
+      if (!cap_.reserve(bytes)) return refuse();
     }
     Result r = backend_.allocate_managed(bytes, &base);
     if (!r.ok()) {
-      unreserve(bytes);
+      cap_.unreserve(bytes);
       return r;
     }
   }
@@ -312,7 +290,7 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
     // The driver handed out a range we still hold: our table is wrong. Keep the program
     // running with the memory it asked for, but stop tracking this block.
     SPILLWAY_LOG_ONCE(LogLevel::error, "internal error: managed block at {:#x} overlaps a tracked block", base);
-    if (!sub) unreserve(bytes);
+    if (!sub) cap_.unreserve(bytes);
   } else {
     plan->live_bytes.fetch_add(bytes, std::memory_order_relaxed);
   }
@@ -325,235 +303,14 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   return Result{};
 }
 
-std::uint16_t Engine::find_context_locked(std::uint64_t handle) const {
-  for (const auto& [number, c] : contexts_)
-    if (c.handle == handle) return number;
-  return 0;
-}
-
-std::uint16_t Engine::context_number_locked(std::uint64_t handle) {
-  if (const std::uint16_t known = find_context_locked(handle); known != 0) return known;
-  std::uint16_t number = 1;  // the lowest free
-  for (const auto& entry : contexts_) {
-    if (entry.first != number) break;
-    ++number;
-  }
-  if (number == 0) return 0;  // (wrapped: every number is in use)
-  contexts_[number].handle = handle;
-  return number;
-}
-
-SubAllocator* Engine::sub_of_locked(std::uint16_t context) {
-  auto it = contexts_.find(context);
-  return it == contexts_.end() ? nullptr : &it->second.sub;
-}
-
-Result Engine::sub_allocate(std::uint64_t handle, std::uint64_t bytes, StreamHandle site, std::uint64_t* out,
-                            std::uint16_t* context) {
-  std::unique_lock lock(sub_mutex_);
-  const std::uint16_t number = context_number_locked(handle);
-  if (number == 0) return Result{Status::not_supported, 0};
-  *context = number;
-  // (Looked up each time: the lock is let go around the Backend's calls.)
-  auto carve = [&]() -> std::uint64_t {
-    SubAllocator* sub = sub_of_locked(number);
-    return sub == nullptr ? 0 : sub->allocate(bytes, site);
-  };
-  if (fences_pending_.load(std::memory_order_relaxed)) poll_fences_locked(false);
-  std::uint64_t base = carve();
-  if (base == 0 && !unfenced_.empty()) {  // parked ranges come back once a fence after them completes
-    close_fence_locked();
-    poll_fences_locked(false);
-    base = carve();
-  }
-  bool waited = false, returned = false;
-  while (base == 0) {
-    if (sub_of_locked(number) == nullptr) return Result{Status::error, 0};  // its context ended meanwhile
-    // A new range: kRangeBytes if the cap allows, else just the request (a chunk more, so
-    // that a range the driver does not place on a 2 MiB boundary still holds it aligned).
-    std::uint64_t want = SubAllocator::range_bytes_for(bytes, kRangeBytes) + kChunkBytes;
-    if (!reserve(want)) {
-      want = SubAllocator::range_bytes_for(bytes, 0) + kChunkBytes;
-      if (!reserve(want)) want = 0;
-    }
-    if (want == 0) {
-      if (!waited) {  // parked ranges may hold the room: wait for their fences (never in a free)
-        waited = true;
-        close_fence_locked();
-        poll_fences_locked(true);
-        base = carve();
-        continue;
-      }
-      if (returned || !return_empty_ranges_locked(lock)) return Result{Status::out_of_memory, 0};
-      returned = true;
-      continue;
-    }
-    if (Result r = add_range_locked(lock, number, bytes, want); !r.ok()) return r;
-    base = carve();
-  }
-  *out = base;
-  return Result{};
-}
-
-bool Engine::return_empty_ranges_locked(std::unique_lock<std::mutex>& lock) {
-  std::vector<DriverRange> empty;
-  for (auto& entry : contexts_) {
-    if (entry.second.ending) continue;  // (its ranges go with it: the driver frees them)
-    for (const auto& [b, n] : entry.second.sub.take_empty_ranges()) {
-      auto it = driver_ranges_.find(b);
-      empty.push_back(it->second);
-      driver_ranges_.erase(it);
-    }
-  }
-  if (empty.empty()) return false;
-  lock.unlock();
-  // (Nothing lives in them and nothing parked: no section can name them, no fence holds them.)
-  for (const DriverRange& d : empty) {
-    range_bytes_.fetch_sub(d.bytes);
-    range_count_.fetch_sub(1);
-    if (backend_.free_managed(d.addr).ok()) unreserve(d.bytes);
-  }
-  lock.lock();
-  return true;
-}
-
-Result Engine::add_range_locked(std::unique_lock<std::mutex>& lock, std::uint16_t context, std::uint64_t bytes,
-                                std::uint64_t want) {
-  lock.unlock();
-  std::uint64_t driver = 0;
-  Result r = backend_.allocate_managed(want, &driver);
-  const std::uint64_t need = SubAllocator::range_bytes_for(bytes, 0) + kChunkBytes;
-  if (!r.ok() && want > need) {  // the driver may still have room for the request alone
-    unreserve(want - need);
-    want = need;
-    r = backend_.allocate_managed(want, &driver);
-  }
-  lock.lock();
-  if (!r.ok()) {
-    unreserve(want);
-    return r;
-  }
-  SubAllocator* sub = sub_of_locked(context);
-  if (sub == nullptr) {  // its context ended meanwhile, and the new range with it
-    unreserve(want);
-    return Result{Status::error, 0};
-  }
-  const std::uint64_t lo = (driver + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
-  const std::uint64_t hi = (driver + want) / kChunkBytes * kChunkBytes;
-  sub->add_range(lo, hi - lo);
-  driver_ranges_[lo] = DriverRange{driver, want, context};
-  range_bytes_.fetch_add(want);
-  range_count_.fetch_add(1);
-  return Result{};
-}
-
-void Engine::park(const ParkedRange& range) {
-  unfenced_.push_back(range);
-  const std::uint64_t footprint = range.slab ? kChunkBytes : SubAllocator::footprint_bytes(range.bytes);
-  unfenced_bytes_ += footprint;
-}
-
-void Engine::close_fence_locked() {
-  if (unfenced_.empty()) return;
-  // Whole chunks no block can share: large blocks' and emptied slabs'.
-  std::vector<std::uint64_t> addrs, sizes;
-  std::uint64_t discard = 0;
-  for (const ParkedRange& p : unfenced_) {
-    if (!p.slab && SubAllocator::is_small(p.bytes)) continue;
-    // (A context about to end: the driver frees its ranges, and may reuse their addresses
-    // before a discard queued now would run.)
-    if (contexts_ending_ != 0) {
-      auto c = contexts_.find(p.context);
-      if (c == contexts_.end() || c->second.ending) continue;
-    }
-    addrs.push_back(p.addr);
-    sizes.push_back(p.slab ? kChunkBytes : SubAllocator::footprint_bytes(p.bytes));
-    discard += sizes.back();
-  }
-  EventHandle fence = 0;
-  Result r = backend_.record_fence(addrs.data(), sizes.data(), addrs.size(), &fence);
-  if (!r.ok()) {
-    // (not_ready: a capture is in progress; the ranges stay parked until a later fence)
-    if (r.status != Status::not_ready) {
-      std::lock_guard lock(mutex_);
-      ++counters_.backend_errors;
-    }
-    return;
-  }
-  fences_.push_back(Fence{fence, std::move(unfenced_)});
-  unfenced_.clear();
-  unfenced_bytes_ = 0;
-  fences_recorded_.fetch_add(1, std::memory_order_relaxed);
-  discarded_bytes_.fetch_add(discard, std::memory_order_relaxed);
-  fences_pending_.store(true, std::memory_order_relaxed);
-}
-
-void Engine::poll_fences_locked(bool wait) {
-  bool emptied = false;
-  while (!fences_.empty()) {
-    Fence& f = fences_.front();
-    Result r = wait ? wait_bounded(f.handle, true) : backend_.fence_done(f.handle);
-    if (r.status == Status::not_ready) break;
-    // (An error: the driver cannot say; a context torn down has no work left. Its ranges come back.)
-    backend_.release_fence(f.handle);
-    std::vector<ParkedRange> ranges = std::move(f.ranges);
-    fences_.pop_front();
-    for (const ParkedRange& p : ranges) {
-      SubAllocator* sub = sub_of_locked(p.context);
-      if (sub == nullptr) continue;  // (its context has ended, and the driver freed it)
-      if (backend_.held_by_capture(p.addr, p.slab ? kChunkBytes : p.bytes)) {
-        // (Parked again: the next fence looks once more.)
-        SPILLWAY_LOG_ONCE(LogLevel::warn,
-                          "freed memory at {:#x} ({}) is held, not reused: a stream capture in progress (begun and "
-                          "not ended) captured work that uses it; it is reused once that capture ends",
-                          p.addr, format_bytes(p.slab ? kChunkBytes : p.bytes));
-        park(p);
-        continue;
-      }
-      if (p.slab) {
-        sub->release_slab(p.addr);
-        continue;
-      }
-      if (const std::uint64_t slab = sub->free(p.addr, p.bytes); slab != 0) {
-        park(ParkedRange{slab, kChunkBytes, true, p.context});
-        emptied = true;
-      }
-    }
-  }
-  if (emptied) close_fence_locked();  // discard the emptied slabs now (stream-ordered), reuse them after
-  fences_pending_.store(!fences_.empty(), std::memory_order_relaxed);
-}
-
-Result Engine::wait_bounded(EventHandle handle, bool fence) {
-  Result r = fence ? backend_.wait_fence_for(handle, cap_wait()) : backend_.wait_event_for(handle, cap_wait());
-  if (r.status == Status::not_ready) {
-    SPILLWAY_LOG_ONCE(LogLevel::warn,
-                      "an allocation at the managed cap (SPILLWAY_MAX_MANAGED = {}) gave up after {} ms waiting for device "
-                      "work on freed memory (a kernel that never ends?); it is refused as out of memory "
-                      "(raise SPILLWAY_MAX_MANAGED to give such a program room)",
-                      format_bytes(max_managed_bytes()), cap_wait().count());
-  }
-  return r;
-}
-
 std::uint64_t Engine::reported_used_bytes() const {
   const std::uint64_t managed = managed_bytes();
   if (!suballocating()) return managed;
-  std::lock_guard lock(sub_mutex_);
-  std::uint64_t room = 0;
-  for (const auto& c : contexts_) room += c.second.sub.range_bytes() - c.second.sub.allocated_bytes();
-  // (A parked slab's blocks are free in it already.)
-  auto parked = [&room](const ParkedRange& p) { room += p.slab ? 0 : SubAllocator::footprint_bytes(p.bytes); };
-  std::for_each(unfenced_.begin(), unfenced_.end(), parked);
-  for (const Fence& f : fences_) std::for_each(f.ranges.begin(), f.ranges.end(), parked);
+  const std::uint64_t room = sub_.reusable_bytes();
   return managed > room ? managed - room : 0;
 }
 
-bool Engine::in_suballocator_range(std::uint64_t addr) {
-  if (!suballocating()) return false;
-  std::lock_guard lock(sub_mutex_);
-  return std::any_of(contexts_.begin(), contexts_.end(), [addr](const auto& c) { return c.second.sub.contains(addr); });
-}
+bool Engine::in_suballocator_range(std::uint64_t addr) { return suballocating() && sub_.contains(addr); }
 
 void Engine::note_over_budget() {
   const std::uint64_t managed = managed_bytes(), budget = budget_bytes();
@@ -1016,14 +773,7 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     const bool chunk_died = policy_manages_residency_ &&
                             (!small || (planned_resident(chunk) &&
                                         !table_.first_overlapping(chunk * kChunkBytes, (chunk + 1) * kChunkBytes)));
-    {
-      std::lock_guard lock(sub_mutex_);
-      park(ParkedRange{addr, block->bytes, false, block->context});
-      if (chunk_died || unfenced_bytes_ >= kFenceBytes || unfenced_.size() >= kFenceRanges) {
-        close_fence_locked();
-      }
-      if (fences_pending_.load(std::memory_order_relaxed)) poll_fences_locked(false);
-    }
+    sub_.park_freed(addr, block->bytes, block->context, chunk_died);
     run_policy_free(*block);
     gate_.end_claim(addr, claim);
     finish_release(addr, block->bytes, stream.has_value(), false);
@@ -1066,7 +816,7 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
 }
 
 void Engine::finish_release(std::uint64_t, std::uint64_t bytes, bool deferred, bool unreserve_bytes) {
-  if (unreserve_bytes) unreserve(bytes);
+  if (unreserve_bytes) cap_.unreserve(bytes);
   frees_count_.fetch_add(1, std::memory_order_relaxed);
   if (deferred) frees_deferred_count_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -1091,50 +841,16 @@ void Engine::stream_destroyed(StreamHandle stream) {
   }
 }
 
-void Engine::begin_context_end(std::uint64_t handle) {
-  std::lock_guard lock(sub_mutex_);
-  const std::uint16_t number = find_context_locked(handle);
-  if (number == 0) return;
-  ContextRanges& c = contexts_[number];
-  if (!c.ending) ++contexts_ending_;
-  c.ending = true;
-  auto holds = [number](const Fence& f) {
-    return std::any_of(f.ranges.begin(), f.ranges.end(), [number](const ParkedRange& p) { return p.context == number; });
-  };
-  // A fence's end may empty slabs, whose discard a new fence carries (none for this context
-  // now): a round or two. Only the fences that hold its ranges are waited for.
-  for (int round = 0; round < 4; ++round) {
-    auto f = std::find_if(fences_.begin(), fences_.end(), holds);
-    if (f == fences_.end()) return;
-    if (backend_.wait_fence_for(f->handle, cap_wait()).status == Status::not_ready) {
-      SPILLWAY_LOG_ONCE(LogLevel::warn,
-                        "a context ends (cuCtxDestroy, or a primary context's reset or last release) while device work "
-                        "on memory freed in it has not finished after {} ms (a kernel that never ends?); it ends now",
-                        cap_wait().count());
-      return;
-    }
-    poll_fences_locked(false);
-  }
-}
+void Engine::begin_context_end(std::uint64_t handle) { sub_.begin_context_end(handle); }
 
 void Engine::finish_context_end(std::uint64_t handle, bool ended) {
-  std::uint16_t number = 0;
-  {
-    std::lock_guard lock(sub_mutex_);
-    number = find_context_locked(handle);
-    if (number == 0) return;
-    ContextRanges& c = contexts_[number];
-    if (!ended) {
-      if (c.ending) --contexts_ending_;
-      c.ending = false;
-      return;
-    }
-  }
-  // (It stays `ending` until its ranges are gone: a fence closed meanwhile by another thread
+  const std::uint16_t number = sub_.context_end_answered(handle, ended);
+  if (number == 0) return;
+  // (It stays ending until its ranges are gone: a fence closed meanwhile by another thread
   // must not discard them, as the driver has freed them and may have handed them out again.)
   release_context_blocks(number);
   drop_context_frees(number);
-  drop_context_ranges(number);
+  sub_.drop_context(number);
 }
 
 void Engine::release_context_blocks(std::uint16_t context) {
@@ -1168,27 +884,6 @@ void Engine::drop_context_frees(std::uint16_t context) {
   }
 }
 
-void Engine::drop_context_ranges(std::uint16_t context) {
-  std::lock_guard lock(sub_mutex_);
-  auto of_context = [context](const ParkedRange& p) { return p.context == context; };
-  std::erase_if(unfenced_, of_context);
-  unfenced_bytes_ = 0;
-  for (const ParkedRange& p : unfenced_) unfenced_bytes_ += p.slab ? kChunkBytes : SubAllocator::footprint_bytes(p.bytes);
-  for (Fence& f : fences_) std::erase_if(f.ranges, of_context);
-  for (auto it = driver_ranges_.begin(); it != driver_ranges_.end();) {
-    if (it->second.context != context) {
-      ++it;
-      continue;
-    }
-    range_bytes_.fetch_sub(it->second.bytes);
-    range_count_.fetch_sub(1);
-    unreserve(it->second.bytes);
-    it = driver_ranges_.erase(it);
-  }
-  if (auto c = contexts_.find(context); c != contexts_.end() && c->second.ending) --contexts_ending_;
-  contexts_.erase(context);
-}
-
 void Engine::release_deferred(PendingFree& p) {
   // A release the driver refuses is tried once more at once, then again at later reclaims:
   // the block must not be dropped while the driver still holds it.
@@ -1216,9 +911,7 @@ void Engine::release_deferred(PendingFree& p) {
 
 void Engine::reclaim(bool wait) {
   if (wait && suballocate_.load(std::memory_order_relaxed)) {
-    std::lock_guard lock(sub_mutex_);
-    close_fence_locked();
-    poll_fences_locked(true);
+    sub_.wait_for_fences();
   }
   std::vector<PendingFree> work;
   {
@@ -1247,7 +940,7 @@ void Engine::reclaim(bool wait) {
     if (p.event == 0) {
       done = true;  // no event could be recorded: fall back to a plain (synchronous) free
     } else {
-      Result r = wait ? wait_bounded(p.event, false) : backend_.event_done(p.event);
+      Result r = wait ? wait_at_cap(backend_, cap_, p.event, false) : backend_.event_done(p.event);
       done = r.ok() || r.status != Status::not_ready;
       if (done) backend_.destroy_event(p.event);
     }
@@ -1298,7 +991,7 @@ std::optional<Stats> Engine::stats_within(std::chrono::milliseconds wait) const 
 Stats Engine::stats_locked() const {
   Stats s = counters_;
   s.managed_bytes = managed_bytes();
-  s.peak_managed_bytes = peak_managed_.load(std::memory_order_relaxed);
+  s.peak_managed_bytes = cap_.peak();
   s.outside_device_bytes = outside_device_bytes();
   s.max_managed_bytes = max_managed_bytes();
   std::uint64_t policies = 0;
@@ -1323,10 +1016,11 @@ Stats Engine::stats_locked() const {
   s.frees = frees_count_.load(std::memory_order_relaxed);
   s.frees_deferred = frees_deferred_count_.load(std::memory_order_relaxed);
   s.peak_over_budget_bytes = peak_over_budget_.load(std::memory_order_relaxed);
-  s.suballocator_range_bytes = range_bytes_.load(std::memory_order_relaxed);
-  s.suballocator_ranges = range_count_.load(std::memory_order_relaxed);
-  s.fences = fences_recorded_.load(std::memory_order_relaxed);
-  s.discarded_bytes = discarded_bytes_.load(std::memory_order_relaxed);
+  s.suballocator_range_bytes = sub_.range_bytes();
+  s.suballocator_ranges = sub_.ranges();
+  s.fences = sub_.fences();
+  s.discarded_bytes = sub_.discarded_bytes();
+  s.backend_errors += sub_.backend_errors();
   if (!config_.fault_feedback) s.fault_feedback = "off: SPILLWAY_FAULT_FEEDBACK=off";
   else if (!policy_wants_faults_) s.fault_feedback = "off: policy " + policy_name_ + " does not use it";
   else s.fault_feedback = backend_.fault_feedback_state();

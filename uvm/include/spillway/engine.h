@@ -21,10 +21,11 @@
 #include "spillway/allocation_table.h"
 #include "spillway/backend.h"
 #include "spillway/config.h"
+#include "spillway/fenced_suballocator.h"
+#include "spillway/managed_cap.h"
 #include "spillway/outside_memory.h"
 #include "spillway/policy.h"
 #include "spillway/release_gate.h"
-#include "spillway/sub_allocator.h"
 
 namespace spillway {
 
@@ -303,9 +304,9 @@ class Engine {
   // How long an allocation at the managed cap (SPILLWAY_MAX_MANAGED) waits for the device's
   // work on freed memory to complete before it is refused with out-of-memory (logged once,
   // naming the cap). Default kCapWait. Thread-safe.
-  static constexpr std::chrono::milliseconds kCapWait{10000};
-  void set_cap_wait(std::chrono::milliseconds wait) { cap_wait_ms_.store(wait.count(), std::memory_order_relaxed); }
-  std::chrono::milliseconds cap_wait() const { return std::chrono::milliseconds(cap_wait_ms_.load(std::memory_order_relaxed)); }
+  static constexpr std::chrono::milliseconds kCapWait = ManagedCap::kDefaultWait;
+  void set_cap_wait(std::chrono::milliseconds wait) { cap_.set_wait(wait); }
+  std::chrono::milliseconds cap_wait() const { return cap_.wait(); }
 
   bool suballocating() const { return suballocate_.load(std::memory_order_relaxed); }
   // Whether launches should be bracketed for fault feedback (Backend::begin_launch): the
@@ -316,17 +317,17 @@ class Engine {
 
   // Sub-allocator tuning: the size of a new range, and how many parked bytes or ranges make
   // a release record a fence at once (otherwise the next allocation that finds no room does).
-  static constexpr std::uint64_t kRangeBytes = 64ull << 20;
-  static constexpr std::uint64_t kFenceBytes = 64ull << 20;
-  static constexpr std::size_t kFenceRanges = 1024;
+  static constexpr std::uint64_t kRangeBytes = FencedSubAllocator::kRangeBytes;
+  static constexpr std::uint64_t kFenceBytes = FencedSubAllocator::kFenceBytes;
+  static constexpr std::size_t kFenceRanges = FencedSubAllocator::kFenceRanges;
 
   // The GPU bytes `device`'s plan keeps within: the budget read when its plan opened less
   // the device memory held there outside managed memory (note_device_memory); 0 for a device
   // without a plan. Without an argument: the sum over every device's plan. Lock-free.
   std::uint64_t budget_bytes(int device) const;
   std::uint64_t budget_bytes() const;
-  std::uint64_t max_managed_bytes() const { return max_managed_.load(std::memory_order_relaxed); }
-  std::uint64_t managed_bytes() const { return managed_bytes_.load(std::memory_order_relaxed); }
+  std::uint64_t max_managed_bytes() const { return cap_.limit(); }
+  std::uint64_t managed_bytes() const { return cap_.bytes(); }
   // managed_bytes() less the room in the sub-allocator's ranges that the program may allocate
   // again: their free space and the blocks freed in them (whose reuse waits only for a fence).
   // What cuMemGetInfo reports as used under SPILLWAY_REPORT_MEMORY=virtual. Thread-safe;
@@ -417,71 +418,12 @@ class Engine {
   // `plan`: the plan whose counters its moves count in (nullptr: none).
   void send_checked(const Action& action, int device, DevicePlan* plan);
 
-  // The sub-allocator (sub_mutex_ guards all of it). A freed block's range is parked until a
-  // fence recorded after its free completes; an emptied slab is parked once more, so that
-  // the fence that discards it completes before anything else lands in its chunk.
-  struct ParkedRange {
-    std::uint64_t addr;
-    std::uint64_t bytes;  // as the block requested (a slab: kChunkBytes)
-    bool slab;            // an emptied slab to release, not a block to free
-    std::uint16_t context;  // the context whose ranges hold it (Block::context)
-  };
-  struct Fence {
-    EventHandle handle;
-    std::vector<ParkedRange> ranges;
-  };
-  // Carves `bytes` for context `handle` (Backend::current_context) from its ranges; *context:
-  // the Engine's number for that context.
-  Result sub_allocate(std::uint64_t handle, std::uint64_t bytes, StreamHandle site, std::uint64_t* addr,
-                      std::uint16_t* context);
-  // Makes a new range of `want` bytes (reserved under the cap) for `context`; with sub_mutex_
-  // held by `lock`, released during the Backend's call.
-  Result add_range_locked(std::unique_lock<std::mutex>& lock, std::uint16_t context, std::uint64_t bytes,
-                          std::uint64_t want);
-  // Returns every context's empty ranges to the Backend; false when there were none.
-  bool return_empty_ranges_locked(std::unique_lock<std::mutex>& lock);
-  void park(const ParkedRange& range);        // with sub_mutex_ held
-  void close_fence_locked();                  // with sub_mutex_ held
-  void poll_fences_locked(bool wait);         // with sub_mutex_ held
-  // With `fence`, a sub-allocator fence, else a deferred free's event: waited for until
-  // complete or cap_wait() has passed (then Status::not_ready, logged once).
-  Result wait_bounded(EventHandle handle, bool fence);
-  std::atomic<std::int64_t> cap_wait_ms_{kCapWait.count()};
-  mutable std::mutex sub_mutex_;
-  // One SubAllocator per context, by the Engine's number for it (Block::context: 1, 2, ...;
-  // the lowest free one, so an ended context's is reused). Few: one per device, as a rule.
-  struct ContextRanges {
-    std::uint64_t handle = 0;  // Backend::current_context()
-    bool ending = false;       // begin_context_end(): no discard of its ranges
-    SubAllocator sub;
-  };
-  std::map<std::uint16_t, ContextRanges> contexts_;
-  std::uint16_t context_number_locked(std::uint64_t handle);  // made if new; 0: 65535 in use
-  std::uint16_t find_context_locked(std::uint64_t handle) const;  // 0: none
-  SubAllocator* sub_of_locked(std::uint16_t context);              // nullptr: it has ended
-  std::size_t contexts_ending_ = 0;
-  // finish_context_end()'s parts: the context's blocks, its deferred frees, its ranges.
+  // finish_context_end()'s parts: the context's blocks and its deferred frees (its ranges:
+  // FencedSubAllocator::drop_context).
   void release_context_blocks(std::uint16_t context);
   void drop_context_frees(std::uint16_t context);
-  void drop_context_ranges(std::uint16_t context);
-  std::vector<ParkedRange> unfenced_;
-  std::uint64_t unfenced_bytes_ = 0;
-  std::deque<Fence> fences_;
-  struct DriverRange {
-    std::uint64_t addr;   // what the Backend returned
-    std::uint64_t bytes;  // what was asked of it (and reserved under the cap)
-    std::uint16_t context;  // the context it was made in (Block::context)
-  };
-  std::map<std::uint64_t, DriverRange> driver_ranges_;  // by the range's 2 MiB-aligned base
-  std::atomic<std::uint64_t> range_bytes_{0};
-  std::atomic<std::uint64_t> range_count_{0};
-  std::atomic<std::uint64_t> fences_recorded_{0};
-  std::atomic<std::uint64_t> discarded_bytes_{0};
-  std::atomic<bool> suballocate_{false};
-  std::atomic<bool> fences_pending_{false};
+  std::atomic<bool> suballocate_{false};  // config().suballocator, where the Backend has fences
 
-  bool reserve(std::uint64_t bytes);
-  void unreserve(std::uint64_t bytes);
   void finish_release(std::uint64_t addr, std::uint64_t bytes, bool deferred, bool unreserve_bytes = true);
   void run_policy_alloc(const Block& block);
   void run_policy_free(const Block& block);
@@ -507,12 +449,11 @@ class Engine {
 
   std::once_flag start_once_;
   std::atomic<int> start_state_{0};  // 0 not started, 1 usable, 2 not usable
-  std::atomic<std::uint64_t> max_managed_{0};
+  ManagedCap cap_;  // SPILLWAY_MAX_MANAGED: the bytes held under it and their peak
+  FencedSubAllocator sub_{backend_, cap_};  // (after backend_ and cap_: it uses both)
   int device_ = 0;
 
   std::atomic<std::uint64_t> next_id_{1};
-  std::atomic<std::uint64_t> managed_bytes_{0};
-  std::atomic<std::uint64_t> peak_managed_{0};
   std::atomic<bool> has_pending_{false};
   std::uint64_t plans_made_ = 0;                 // residency plans made; guarded by mutex_
   std::atomic<std::uint64_t> plans_carried_{0};  // plans carried out, in order (wait_for_turn)
