@@ -169,20 +169,47 @@ void OraclePolicy::on_residency(ChunkIndex chunk, bool resident) {
   }
 }
 
+// One launch's plan: the room it has, what it holds, and where the victims' scan is.
+struct OraclePolicy::Plan {
+  std::vector<ChunkIndex> current;         // the launch's chunks, sorted
+  std::int64_t free = 0;                   // chunks of the budget still free
+  std::unordered_set<ChunkIndex> planned;  // fetched or evicted by this launch's plan
+  std::set<std::pair<std::uint32_t, ChunkIndex>>::reverse_iterator victim;  // furthest next use first
+  bool is_current(ChunkIndex c) const { return std::binary_search(current.begin(), current.end(), c); }
+};
+
 void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
   const std::size_t launches = future_.launch_begin.size();
   const std::uint64_t k = launch.seq;
   hint_valid_ = false;
   if (k >= launches) return;
-  // The future before this launch is passed: its memory goes (spill_array.h; a look-up
-  // there reads it back).
-  if ((k & 4095) == 0 && k > 0) {
-    future_.touches.release(0, future_.launch_begin[k]);
-    future_.launch_begin.release(0, k);
-    future_.launch_end.release(0, k);
+  release_passed(k);
+  Plan plan;
+  plan.current = use_launch(k, actions);
+  // Room: free chunks of the budget, then victims from the furthest next use down.
+  plan.free = free_chunks(plan.current);
+  if (early_write_back_) write_back_after_last_use(plan, actions);
+  plan.victim = resident_.rbegin();
+  while (plan.free < 0) {  // the launch's own footprint displaces the furthest-used chunks first
+    if (!take_victim(plan, 0)) return;
+    ++plan.free;
   }
+  prefetch_ahead(plan, k, std::min<std::uint64_t>(launches, k + 1 + max_lookahead_), actions);
+}
+
+// The future before launch `k` is passed: its memory goes (spill_array.h; a look-up there
+// reads it back).
+void OraclePolicy::release_passed(std::uint64_t k) {
+  if ((k & 4095) != 0 || k == 0) return;
+  future_.touches.release(0, future_.launch_begin[k]);
+  future_.launch_begin.release(0, k);
+  future_.launch_end.release(0, k);
+}
+
+// What launch `k` touches is now used; its next use is the following touch. Returns its
+// chunks, sorted.
+std::vector<ChunkIndex> OraclePolicy::use_launch(std::uint64_t k, Actions& actions) {
   const auto& touches = future_.touches;
-  // What this launch touches is now used; its next use is the following touch.
   std::vector<ChunkIndex> current;
   for (std::uint32_t i = future_.launch_begin[k]; i < future_.launch_end[k]; ++i) {
     set_next_use(touches[i].chunk, touches[i].next);
@@ -193,82 +220,98 @@ void OraclePolicy::on_launch(const Launch& launch, Actions& actions) {
     if (use_read_mostly_) mark_read_mostly(i, actions);
   }
   std::sort(current.begin(), current.end());
-  auto is_current = [&](ChunkIndex c) { return std::binary_search(current.begin(), current.end(), c); };
+  return current;
+}
 
-  // Room: free chunks of the budget, then victims from the furthest next use down.
+// Chunks of the budget free once the launch's own chunks and the reservations are in
+// (negative: that many must be evicted).
+std::int64_t OraclePolicy::free_chunks(const std::vector<ChunkIndex>& current) const {
   std::int64_t free = static_cast<std::int64_t>(future_.capacity_chunks) - static_cast<std::int64_t>(resident_.size());
   for (ChunkIndex c : current) {
     auto nu = next_use_.find(c);
     if (nu == next_use_.end() || resident_.count({nu->second, c}) == 0) --free;
   }
   free -= static_cast<std::int64_t>(reserved_.size());
-  std::unordered_set<ChunkIndex> planned;  // fetched or evicted by this launch's plan
-  // Write-back ahead of need (issue 13 item 4): a chunk the previous launch touched that MIN
-  // does not keep until its next use leaves before that use anyway. It leaves now, right
-  // after its last use, so that its write-back runs while the kernels compute and its room is
-  // free before the coming launches need it, rather than when that room is needed, with
-  // compute waiting for the write-back and then for the fetch. (A chunk with no next use is
-  // left: it is the first victim anyway, and its block may be freed before its room is needed.)
-  const std::uint64_t stop = std::min<std::uint64_t>(launches, k + 1 + max_lookahead_);
-  if (early_write_back_) {
-    for (ChunkIndex c : just_used_) {
-      const std::uint32_t n = next_use(c);
-      if (is_current(c) || n == kNoUse || future_.touches[n].min_hit || resident_.count({n, c}) == 0) continue;
-      // (Not a victim again in this plan, nor fetched back by its lookahead: when the Engine
-      // carries out the eviction, on_residency() moves the cursor back to its next use, and
-      // the next launch's lookahead fetches it in order of need.)
-      actions.prefetch(c * kChunkBytes, 1, Location::cpu);
-      planned.insert(c);
-      ++free;
-    }
-    just_used_ = current;
+  return free;
+}
+
+// Write-back ahead of need: a chunk the previous launch touched that MIN does not keep until
+// its next use leaves before that use anyway. It leaves now, right after its last use, so
+// that its write-back runs while the kernels compute and its room is free before the coming
+// launches need it, rather than when that room is needed, with compute waiting for the
+// write-back and then for the fetch. (A chunk with no next use is left: it is the first
+// victim anyway, and its block may be freed before its room is needed.)
+void OraclePolicy::write_back_after_last_use(Plan& plan, Actions& actions) {
+  for (ChunkIndex c : just_used_) {
+    const std::uint32_t n = next_use(c);
+    if (plan.is_current(c) || n == kNoUse || future_.touches[n].min_hit || resident_.count({n, c}) == 0) continue;
+    // (Not a victim again in this plan, nor fetched back by its lookahead: when the Engine
+    // carries out the eviction, on_residency() moves the cursor back to its next use, and
+    // the next launch's lookahead fetches it in order of need.)
+    actions.prefetch(c * kChunkBytes, 1, Location::cpu);
+    plan.planned.insert(c);
+    ++plan.free;
   }
-  auto victim = resident_.rbegin();
-  auto take_victim = [&](std::uint32_t need) {
-    while (victim != resident_.rend() && (is_current(victim->second) || planned.count(victim->second) != 0)) {
-      ++victim;
-    }
-    if (victim == resident_.rend() || victim->first <= need) return false;
-    // Early, for a prefetch: only a chunk that MIN itself lets go before its next use.
-    if (need > 0 && victim->first != kNoUse && future_.touches[victim->first].min_hit) return false;
-    ++victim;
+  just_used_ = plan.current;
+}
+
+// The next victim, from the furthest next use down, for a chunk needed at touch `need` (0:
+// the launch's own footprint): false when every other chunk is needed sooner.
+bool OraclePolicy::take_victim(Plan& plan, std::uint32_t need) {
+  while (plan.victim != resident_.rend() && (plan.is_current(plan.victim->second) || plan.planned.count(plan.victim->second) != 0)) {
+    ++plan.victim;
+  }
+  if (plan.victim == resident_.rend() || plan.victim->first <= need) return false;
+  // Early, for a prefetch: only a chunk that MIN itself lets go before its next use.
+  if (need > 0 && plan.victim->first != kNoUse && future_.touches[plan.victim->first].min_hit) return false;
+  ++plan.victim;
+  return true;
+}
+
+bool OraclePolicy::take_room(Plan& plan, std::uint32_t need) {
+  if (plan.free > 0) {
+    --plan.free;
     return true;
-  };
-  while (free < 0) {  // the launch's own footprint displaces the furthest-used chunks first
-    if (!take_victim(0)) return;
-    ++free;
   }
+  return take_victim(plan, need);
+}
+
+// Perfect prefetch: the touches of the launches from the cursor to `stop`, in order of need,
+// until the room runs out.
+void OraclePolicy::prefetch_ahead(Plan& plan, std::uint64_t k, std::uint64_t stop, Actions& actions) {
   cursor_ = std::max<std::uint32_t>(cursor_, static_cast<std::uint32_t>(k + 1));
   for (std::uint64_t m = cursor_; m < stop; ++m) {
     for (std::uint32_t i = future_.launch_begin[m]; i < future_.launch_end[m]; ++i) {
-      const OracleFuture::Touch& t = touches[i];
-      if (t.block >= allocs_seen_) {
-        // Its block does not exist yet: nothing to fetch, but its first touch will need room
-        // (the Engine makes it then), so the lookahead keeps that room and goes on.
-        if (!early_write_back_) return;  // (the oracle before issue 13 item 4 stopped here)
-        if (auto r = reserved_.find(t.chunk); r != reserved_.end() && r->second == t.block) continue;
-        if (free > 0) {
-          --free;
-        } else if (!take_victim(i)) {
-          return;
-        }
-        reserved_[t.chunk] = t.block;
-        continue;
-      }
-      auto nu = next_use_.find(t.chunk);
-      bool resident = nu != next_use_.end() && resident_.count({nu->second, t.chunk}) != 0;
-      if (resident || is_current(t.chunk) || planned.count(t.chunk) != 0) continue;
-      if (free > 0) {
-        --free;
-      } else if (!take_victim(i)) {
-        return;  // every resident chunk is needed before this one: stop here
-      }
-      set_next_use(t.chunk, i);
-      planned.insert(t.chunk);
-      actions.prefetch(t.chunk * kChunkBytes, 1, Location::gpu);
+      if (!plan_touch(plan, i, actions)) return;
     }
     cursor_ = static_cast<std::uint32_t>(m + 1);
   }
+}
+
+// Touch `i` of a coming launch: its chunk is fetched if it is not resident, room made for
+// it. False: the lookahead stops here.
+bool OraclePolicy::plan_touch(Plan& plan, std::uint32_t i, Actions& actions) {
+  const OracleFuture::Touch& t = future_.touches[i];
+  if (t.block >= allocs_seen_) return reserve_room(plan, t, i);
+  auto nu = next_use_.find(t.chunk);
+  bool resident = nu != next_use_.end() && resident_.count({nu->second, t.chunk}) != 0;
+  if (resident || plan.is_current(t.chunk) || plan.planned.count(t.chunk) != 0) return true;
+  if (!take_room(plan, i)) return false;  // every resident chunk is needed before this one: stop here
+  set_next_use(t.chunk, i);
+  plan.planned.insert(t.chunk);
+  actions.prefetch(t.chunk * kChunkBytes, 1, Location::gpu);
+  return true;
+}
+
+// Touch `i` (`t`) is on a block that does not exist yet: nothing to fetch, but its first
+// touch will need room (the Engine makes it then), so the lookahead keeps that room and
+// goes on. False: the lookahead stops here.
+bool OraclePolicy::reserve_room(Plan& plan, const OracleFuture::Touch& t, std::uint32_t i) {
+  if (!early_write_back_) return false;  // (without early write-back, the lookahead stops at such a touch)
+  if (auto r = reserved_.find(t.chunk); r != reserved_.end() && r->second == t.block) return true;
+  if (!take_room(plan, i)) return false;
+  reserved_[t.chunk] = t.block;
+  return true;
 }
 
 bool OraclePolicy::choose_victim(const VictimQuery& query, ChunkIndex* victim) {

@@ -1,4 +1,6 @@
-// The policies of DESIGN §4. Each is registered in policies.cpp.
+// The policies other than `learned` (learned.h): what each prefetches, evicts and advises
+// (spillway/policy.h). Each is registered in policy_registry.cpp. Not thread-safe: the Engine
+// serialises a policy's calls.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +44,7 @@ class SequentialPolicy final : public Policy {
   std::string_view name() const override { return "sequential"; }
   bool manages_residency() const override { return true; }
   void on_launch(const Launch& launch, Actions& actions) override;
-  // Bounded state (issue 17): the oldest entries go first, and with them the ids only they held.
+  // Bounded state (Policy::limit_state): the oldest entries go first, and with them the ids only they held.
   std::uint64_t state_bytes() const override;
   void limit_state(std::uint64_t bytes) override { limit_ = bytes; }
 
@@ -77,7 +79,7 @@ class CorrelationPolicy final : public Policy {
   bool manages_residency() const override { return true; }
   void on_launch(const Launch& launch, Actions& actions) override;
   bool choose_victim(const VictimQuery& query, ChunkIndex* victim) override;
-  // Bounded state (issue 17): past the limit, the records of the ids seen least recently
+  // Bounded state (Policy::limit_state): past the limit, the records of the ids seen least recently
   // (half of the table) and the stale entries of the upcoming-chunk map go.
   std::uint64_t state_bytes() const override;
   void limit_state(std::uint64_t bytes) override { limit_ = bytes; }
@@ -130,11 +132,11 @@ struct OracleFuture {
 // A prefetch displaces a chunk early only if MIN does not keep that chunk until its next use
 // (`min_hit` of that use is false): evicting a chunk MIN keeps adds a fetch MIN does not make
 // (conservative prefetching, Cao, Felten, Karlin and Li, SIGMETRICS 1995).
-// Read-mostly (issue 13 item 3): a chunk a launch only reads is marked read-mostly when its
+// Read-mostly (cudaMemAdviseSetReadMostly): a chunk a launch only reads is marked read-mostly when its
 // next touch does not write it either (or never comes), so that evicting it before then
 // costs no write-back; a chunk a launch writes is un-marked before it (a write to a
 // read-mostly copy faults to collapse the copies).
-// Write-back ahead of need (issue 13 item 4): a chunk whose next use MIN misses is evicted
+// Write-back ahead of need: a chunk whose next use MIN misses is evicted
 // right after its last use, not when its room is needed, so that its write-back overlaps the
 // kernels and the room is free before the fetches that need it; and the lookahead keeps room
 // for the first touches of blocks not yet allocated instead of stopping at them.
@@ -142,7 +144,8 @@ class OraclePolicy final : public Policy {
  public:
   // `future` must outlive the policy.
   // Without `read_mostly`, it never sets read-mostly advice; without `early_write_back`, it
-  // evicts only when room is needed (the oracle before issue 13 items 3 and 4).
+  // evicts only when room is needed, and its lookahead stops at the first touch of a block
+  // not yet allocated.
   explicit OraclePolicy(const OracleFuture& future, std::size_t max_lookahead_launches = 256, bool read_mostly = true,
                         bool early_write_back = true);
   std::string_view name() const override { return "oracle"; }
@@ -154,9 +157,20 @@ class OraclePolicy final : public Policy {
   void on_residency(ChunkIndex chunk, bool resident) override;
 
  private:
+  struct Plan;  // one launch's plan (policies.cpp)
   std::uint32_t next_use(ChunkIndex c) const;
   void mark_read_mostly(std::uint32_t touch, Actions& actions);
   void set_next_use(ChunkIndex c, std::uint32_t next);
+  // on_launch's steps, in order.
+  void release_passed(std::uint64_t k);
+  std::vector<ChunkIndex> use_launch(std::uint64_t k, Actions& actions);
+  std::int64_t free_chunks(const std::vector<ChunkIndex>& current) const;
+  void write_back_after_last_use(Plan& plan, Actions& actions);
+  bool take_victim(Plan& plan, std::uint32_t need);
+  bool take_room(Plan& plan, std::uint32_t need);
+  void prefetch_ahead(Plan& plan, std::uint64_t k, std::uint64_t stop, Actions& actions);
+  bool plan_touch(Plan& plan, std::uint32_t i, Actions& actions);
+  bool reserve_room(Plan& plan, const OracleFuture::Touch& t, std::uint32_t i);
 
   const OracleFuture& future_;
   std::size_t max_lookahead_;
@@ -176,8 +190,5 @@ class OraclePolicy final : public Policy {
   std::unordered_map<ChunkIndex, std::uint32_t> reserved_;
   std::vector<ChunkIndex> just_used_;  // the previous launch's chunks (early write-back)
 };
-
-// Simulator-side factory: every policy of policy_names() plus `oracle` (which needs
-// `future`; nullptr for any other). nullptr for an unknown name.
 
 }  // namespace spillway
