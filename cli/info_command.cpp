@@ -97,15 +97,14 @@ bool entry_point_exists(const Driver& d, const char* name) {
          status == CU_GET_PROC_ADDRESS_SUCCESS && p != nullptr;
 }
 
-Report read_driver(const Config& config) {
-  Report rep;
-  rep.kernel_module = kernel_module_version();
-  Driver d;
+// Opens libcuda.so.1 and resolves the entry points `info` needs; the error in
+// rep.driver_error otherwise.
+bool open_driver(Driver& d, Report& rep) {
   d.handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (d.handle == nullptr) {
     const char* why = dlerror();
     rep.driver_error = fmt::format("libcuda.so.1 not found ({})", why != nullptr ? why : "dlopen failed");
-    return rep;
+    return false;
   }
   d.resolve(d.error_name, "cuGetErrorName");
   d.resolve(d.get_proc_address, "cuGetProcAddress_v2");
@@ -116,8 +115,46 @@ Report read_driver(const Config& config) {
       !d.resolve(d.ctx_release, "cuDevicePrimaryCtxRelease_v2") || !d.resolve(d.ctx_set_current, "cuCtxSetCurrent") ||
       !d.resolve(d.mem_get_info, "cuMemGetInfo_v2")) {
     rep.driver_error = "libcuda.so.1 lacks the entry points of CUDA 12 (too old a driver)";
-    return rep;
+    return false;
   }
+  return true;
+}
+
+// Free memory needs a context: the primary one, as the program's would be.
+void read_free_memory(const Driver& d, CUdevice handle, Device& dev) {
+  CUcontext ctx = nullptr;
+  if (CUresult r = d.ctx_retain(&ctx, handle); r != CUDA_SUCCESS) {
+    dev.free_error = fmt::format("cuDevicePrimaryCtxRetain: {}", d.error(r));
+    return;
+  }
+  size_t free = 0, total = 0;
+  CUresult r2 = d.ctx_set_current(ctx);
+  if (r2 == CUDA_SUCCESS) r2 = d.mem_get_info(&free, &total);
+  if (r2 == CUDA_SUCCESS) dev.free_bytes = free;
+  else dev.free_error = fmt::format("cuMemGetInfo: {}", d.error(r2));
+  d.ctx_set_current(nullptr);
+  d.ctx_release(handle);
+}
+
+// Device `handle`'s name, compute capability, memory and managed access.
+void read_device(const Driver& d, CUdevice handle, Device& dev) {
+  char name[256] = {};
+  if (d.device_name(name, sizeof name, handle) == CUDA_SUCCESS) dev.name = name;
+  size_t total = 0;
+  if (d.total_mem(&total, handle) == CUDA_SUCCESS) dev.total_bytes = total;
+  int value = 0;
+  if (d.attribute(&value, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle) == CUDA_SUCCESS) dev.cc_major = value;
+  if (d.attribute(&value, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle) == CUDA_SUCCESS) dev.cc_minor = value;
+  dev.concurrent_managed_access =
+      d.attribute(&value, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, handle) == CUDA_SUCCESS && value != 0;
+  read_free_memory(d, handle, dev);
+}
+
+Report read_driver(const Config& config) {
+  Report rep;
+  rep.kernel_module = kernel_module_version();
+  Driver d;
+  if (!open_driver(d, rep)) return rep;
   d.driver_version(&rep.cuda_version);  // (needs no cuInit)
   if (CUresult r = d.init(0); r == CUDA_ERROR_NO_DEVICE) {
     return rep;  // a driver, and no device it may use (CUDA_VISIBLE_DEVICES, none installed)
@@ -137,31 +174,9 @@ Report read_driver(const Config& config) {
     dev.ordinal = i;
     CUdevice handle = 0;
     if (d.device_get(&handle, i) != CUDA_SUCCESS) continue;
-    char name[256] = {};
-    if (d.device_name(name, sizeof name, handle) == CUDA_SUCCESS) dev.name = name;
-    size_t total = 0;
-    if (d.total_mem(&total, handle) == CUDA_SUCCESS) dev.total_bytes = total;
-    int value = 0;
-    if (d.attribute(&value, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, handle) == CUDA_SUCCESS) dev.cc_major = value;
-    if (d.attribute(&value, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, handle) == CUDA_SUCCESS) dev.cc_minor = value;
-    dev.concurrent_managed_access =
-        d.attribute(&value, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, handle) == CUDA_SUCCESS && value != 0;
+    read_device(d, handle, dev);
     dev.discard_batch = discard;
     dev.prefetch_batch = prefetch;
-    // Free memory needs a context: the primary one, as the program's would be.
-    CUcontext ctx = nullptr;
-    if (CUresult r = d.ctx_retain(&ctx, handle); r != CUDA_SUCCESS) {
-      dev.free_error = fmt::format("cuDevicePrimaryCtxRetain: {}", d.error(r));
-    } else {
-      size_t free = 0;
-      total = 0;
-      CUresult r2 = d.ctx_set_current(ctx);
-      if (r2 == CUDA_SUCCESS) r2 = d.mem_get_info(&free, &total);
-      if (r2 == CUDA_SUCCESS) dev.free_bytes = free;
-      else dev.free_error = fmt::format("cuMemGetInfo: {}", d.error(r2));
-      d.ctx_set_current(nullptr);
-      d.ctx_release(handle);
-    }
     // What the Engine plans for (config.h), from the free memory at start.
     dev.budget_bytes = planned_budget_bytes(config, dev.free_bytes.value_or(dev.total_bytes), dev.total_bytes);
     rep.devices.push_back(std::move(dev));
@@ -173,12 +188,11 @@ struct Setting {
   std::string variable, value, source;  // source: default, variable or option
 };
 
-}  // namespace
-
-int info_command(const std::vector<std::pair<std::string, std::string>>& options, const std::string& shim, bool json) {
-  // The settings as the shim would read them: the environment, then the options over it.
-  Config config;
-  std::vector<Setting> settings;
+// The settings as the shim would read them: the environment, then the options over it,
+// each applied to `config`. A bad one ends the command: status 2, one line on stderr; 0
+// otherwise.
+int read_settings(const std::vector<std::pair<std::string, std::string>>& options, Config& config,
+                  std::vector<Setting>& settings) {
   for (const OptionInfo& row : option_table()) {
     const std::string variable(row.variable);
     Setting s{variable, std::string(row.default_text), "default"};
@@ -195,51 +209,78 @@ int info_command(const std::vector<std::pair<std::string, std::string>>& options
     }
     settings.push_back(std::move(s));
   }
+  return 0;
+}
 
-  const Report rep = read_driver(config);
-  const std::uint64_t host = read_host_memory_bytes();
-  const std::uint64_t cap = managed_cap_bytes(config, host);
+// What `info` reports.
+struct Facts {
+  std::string shim;
+  Config config;
+  std::vector<Setting> settings;
+  Report rep;
+  std::uint64_t host = 0;  // host memory
+  std::uint64_t cap = 0;   // managed cap
+  bool cupti_found = false;
   std::string cupti_path;
-  void* cupti = open_cupti_library(&cupti_path);
-  if (cupti != nullptr && cupti_path.empty()) cupti_path = "(loaded)";
+};
 
-  if (json) {
-    nlohmann::json j;
-    j["version"] = SPILLWAY_VERSION;
-    j["shim"] = shim;
-    j["built_with_cuda"] = cuda_text(CUDA_VERSION);
-    nlohmann::json drv;
-    drv["found"] = rep.driver_error.empty();
-    if (!rep.driver_error.empty()) drv["error"] = rep.driver_error;
-    drv["kernel_module"] = rep.kernel_module;
-    drv["cuda"] = rep.cuda_version > 0 ? cuda_text(rep.cuda_version) : "";
-    j["driver"] = drv;
-    j["host"] = {{"memory_bytes", host}, {"managed_cap_bytes", cap}};
-    j["cupti"] = {{"found", cupti != nullptr}, {"path", cupti_path}};
-    j["devices"] = nlohmann::json::array();
-    for (const Device& d : rep.devices) {
-      nlohmann::json dj{{"ordinal", d.ordinal},
-                        {"name", d.name},
-                        {"compute_capability", fmt::format("{}.{}", d.cc_major, d.cc_minor)},
-                        {"total_bytes", d.total_bytes},
-                        {"concurrent_managed_access", d.concurrent_managed_access},
-                        {"discard_batch", d.discard_batch},
-                        {"prefetch_batch", d.prefetch_batch},
-                        {"budget_bytes", d.budget_bytes},
-                        {"managed", d.concurrent_managed_access}};
-      if (d.free_bytes) dj["free_bytes"] = *d.free_bytes;
-      else dj["free_error"] = d.free_error;
-      j["devices"].push_back(dj);
-    }
-    j["settings"] = nlohmann::json::array();
-    for (const Setting& s : settings) j["settings"].push_back({{"variable", s.variable}, {"value", s.value}, {"source", s.source}});
-    // (Values from the environment need not be UTF-8: such bytes are replaced, not thrown on.)
-    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
-    return 0;
-  }
+nlohmann::json device_json(const Device& d) {
+  nlohmann::json dj{{"ordinal", d.ordinal},
+                    {"name", d.name},
+                    {"compute_capability", fmt::format("{}.{}", d.cc_major, d.cc_minor)},
+                    {"total_bytes", d.total_bytes},
+                    {"concurrent_managed_access", d.concurrent_managed_access},
+                    {"discard_batch", d.discard_batch},
+                    {"prefetch_batch", d.prefetch_batch},
+                    {"budget_bytes", d.budget_bytes},
+                    {"managed", d.concurrent_managed_access}};
+  if (d.free_bytes) dj["free_bytes"] = *d.free_bytes;
+  else dj["free_error"] = d.free_error;
+  return dj;
+}
 
+void print_json(const Facts& f) {
+  const Report& rep = f.rep;
+  nlohmann::json j;
+  j["version"] = SPILLWAY_VERSION;
+  j["shim"] = f.shim;
+  j["built_with_cuda"] = cuda_text(CUDA_VERSION);
+  nlohmann::json drv;
+  drv["found"] = rep.driver_error.empty();
+  if (!rep.driver_error.empty()) drv["error"] = rep.driver_error;
+  drv["kernel_module"] = rep.kernel_module;
+  drv["cuda"] = rep.cuda_version > 0 ? cuda_text(rep.cuda_version) : "";
+  j["driver"] = drv;
+  j["host"] = {{"memory_bytes", f.host}, {"managed_cap_bytes", f.cap}};
+  j["cupti"] = {{"found", f.cupti_found}, {"path", f.cupti_path}};
+  j["devices"] = nlohmann::json::array();
+  for (const Device& d : rep.devices) j["devices"].push_back(device_json(d));
+  j["settings"] = nlohmann::json::array();
+  for (const Setting& s : f.settings) j["settings"].push_back({{"variable", s.variable}, {"value", s.value}, {"source", s.source}});
+  // (Values from the environment need not be UTF-8: such bytes are replaced, not thrown on.)
+  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+}
+
+std::string device_text(const Device& d, const Config& config) {
   std::string out;
-  out += fmt::format("spillway {}   shim {}\n", SPILLWAY_VERSION, shim.empty() ? "not found next to this program" : shim);
+  out += fmt::format("device {}   {}, compute {}.{}, {} total, {}\n", d.ordinal, d.name, d.cc_major, d.cc_minor,
+                     format_bytes(d.total_bytes),
+                     d.free_bytes ? format_bytes(*d.free_bytes) + " free" : "free unknown (" + d.free_error + ")");
+  out += fmt::format("           concurrent managed access {}; cuMemDiscardBatchAsync {}; cuMemPrefetchBatchAsync {}\n",
+                     d.concurrent_managed_access ? "yes" : "no", d.discard_batch ? "yes" : "no",
+                     d.prefetch_batch ? "yes" : "no");
+  if (d.concurrent_managed_access) {
+    out += fmt::format("           budget {} (SPILLWAY_BUDGET), policy {}\n", format_bytes(d.budget_bytes), config.policy);
+  } else {
+    out += "           allocations pass through: no concurrent managed access (WSL2, Windows or a pre-Pascal GPU)\n";
+  }
+  return out;
+}
+
+void print_text(const Facts& f) {
+  const Report& rep = f.rep;
+  std::string out;
+  out += fmt::format("spillway {}   shim {}\n", SPILLWAY_VERSION, f.shim.empty() ? "not found next to this program" : f.shim);
   if (rep.driver_error.empty()) {
     out += fmt::format("driver     {}CUDA {} (Spillway built with CUDA {})\n",
                        rep.kernel_module.empty() ? "" : "NVIDIA " + rep.kernel_module + ", ", cuda_text(rep.cuda_version),
@@ -247,26 +288,30 @@ int info_command(const std::vector<std::pair<std::string, std::string>>& options
   } else {
     out += fmt::format("driver     none: {}\n", rep.driver_error);
   }
-  out += fmt::format("host       {} of memory; managed cap {} (SPILLWAY_MAX_MANAGED)\n", format_bytes(host), format_bytes(cap));
-  out += fmt::format("CUPTI      {}\n", cupti != nullptr ? cupti_path
-                                                           : std::string("not found (") + kCuptiSearchText + "): no fault feedback");
+  out += fmt::format("host       {} of memory; managed cap {} (SPILLWAY_MAX_MANAGED)\n", format_bytes(f.host), format_bytes(f.cap));
+  out += fmt::format("CUPTI      {}\n", f.cupti_found ? f.cupti_path
+                                                      : std::string("not found (") + kCuptiSearchText + "): no fault feedback");
   if (rep.driver_error.empty() && rep.devices.empty()) out += "devices    none\n";
-  for (const Device& d : rep.devices) {
-    out += fmt::format("device {}   {}, compute {}.{}, {} total, {}\n", d.ordinal, d.name, d.cc_major, d.cc_minor,
-                       format_bytes(d.total_bytes),
-                       d.free_bytes ? format_bytes(*d.free_bytes) + " free" : "free unknown (" + d.free_error + ")");
-    out += fmt::format("           concurrent managed access {}; cuMemDiscardBatchAsync {}; cuMemPrefetchBatchAsync {}\n",
-                       d.concurrent_managed_access ? "yes" : "no", d.discard_batch ? "yes" : "no",
-                       d.prefetch_batch ? "yes" : "no");
-    if (d.concurrent_managed_access) {
-      out += fmt::format("           budget {} (SPILLWAY_BUDGET), policy {}\n", format_bytes(d.budget_bytes), config.policy);
-    } else {
-      out += "           allocations pass through: no concurrent managed access (WSL2, Windows or a pre-Pascal GPU)\n";
-    }
-  }
+  for (const Device& d : rep.devices) out += device_text(d, f.config);
   out += "settings   (source: default, variable = the environment, option = given here)\n";
-  for (const Setting& s : settings) out += fmt::format("  {:<29} {:<24} {}\n", s.variable, s.value.empty() ? "(none)" : s.value, s.source);
+  for (const Setting& s : f.settings) out += fmt::format("  {:<29} {:<24} {}\n", s.variable, s.value.empty() ? "(none)" : s.value, s.source);
   std::cout << out;
+}
+
+}  // namespace
+
+int info_command(const std::vector<std::pair<std::string, std::string>>& options, const std::string& shim, bool json) {
+  Facts f;
+  f.shim = shim;
+  if (int status = read_settings(options, f.config, f.settings); status != 0) return status;
+  f.rep = read_driver(f.config);
+  f.host = read_host_memory_bytes();
+  f.cap = managed_cap_bytes(f.config, f.host);
+  void* cupti = open_cupti_library(&f.cupti_path);
+  f.cupti_found = cupti != nullptr;
+  if (cupti != nullptr && f.cupti_path.empty()) f.cupti_path = "(loaded)";
+  if (json) print_json(f);
+  else print_text(f);
   return 0;
 }
 

@@ -1,4 +1,4 @@
-// `spillway info` (issue 15): what Spillway would do on this machine, without running a
+// `spillway info`: what Spillway would do on this machine, without running a
 // program: the driver and CUDA versions, each device, CUPTI, the budget and host cap the
 // shim would use, and every setting with where it came from.
 #pragma once

@@ -169,17 +169,31 @@ struct SimCommands::Options {
     if (!l) throw UsageError{fmt::format("unknown link '{}': expected pcie3, pcie4, pcie5, c2c or h200", link)};
     p.link = *l;
     p.fault_slowdown = l->fault_slowdown;
-    // Each model parameter within a range where the model means something (and its
-    // arithmetic cannot overflow): the name, the value and the accepted range on error.
-    auto in_range = [](const char* what, double v, double lo, double hi, const char* unit) {
-      if (!std::isfinite(v) || v < lo || v > hi) {
-        throw UsageError{fmt::format("{} {} is out of range: expected {} to {}{}", what, v, lo, hi, unit)};
-      }
-      return v;
-    };
+    override_link(p);
+    override_driver(p);
+    override_policy_inputs(p);
+    return p;
+  }
+
+ private:
+  // Each model parameter within a range where the model means something (and its
+  // arithmetic cannot overflow): the name, the value and the accepted range on error.
+  static double in_range(const char* what, double v, double lo, double hi, const char* unit) {
+    if (!std::isfinite(v) || v < lo || v > hi) {
+      throw UsageError{fmt::format("{} {} is out of range: expected {} to {}{}", what, v, lo, hi, unit)};
+    }
+    return v;
+  }
+
+  // The link's bandwidths and fault batch cost.
+  void override_link(sim::SimParams& p) const {
     if (h2d_gbps) p.link.h2d_bytes_per_s = in_range("--h2d-bandwidth", *h2d_gbps, 0.01, 100000, " GB/s") * 1e9;
     if (d2h_gbps) p.link.d2h_bytes_per_s = in_range("--d2h-bandwidth", *d2h_gbps, 0.01, 100000, " GB/s") * 1e9;
     if (fault_batch_us) p.link.fault_batch_ns = static_cast<std::uint64_t>(in_range("--fault-batch-us", *fault_batch_us, 0, 1e6, " us") * 1e3);
+  }
+
+  // The driver's fault handling and remote access.
+  void override_driver(sim::SimParams& p) const {
     if (fault_batch_size) {
       if (*fault_batch_size == 0) throw UsageError{"--fault-batch-size must be positive"};
       p.fault_batch_size = *fault_batch_size;
@@ -192,6 +206,10 @@ struct SimCommands::Options {
     if (fault_slowdown) p.fault_slowdown = in_range("--fault-slowdown", *fault_slowdown, 1, 1000, "");
     if (density) p.density_threshold = in_range("--density-threshold", *density, 0, 1, "");
     if (remote_eff) p.remote_efficiency = in_range("--remote-efficiency", *remote_eff, 0.001, 1, "");  // (above 1 a copy engine would move more than the link: the bound assumes it cannot)
+  }
+
+  // What the policy is given: fault feedback and its state budget.
+  void override_policy_inputs(sim::SimParams& p) const {
     if (fault_feedback == "on") p.fault_feedback = true;
     else if (fault_feedback == "off") p.fault_feedback = false;
     else throw UsageError{fmt::format("invalid --fault-feedback '{}': expected on or off", fault_feedback)};
@@ -202,7 +220,6 @@ struct SimCommands::Options {
       }
       p.state_memory_bytes = c.state_memory;
     }
-    return p;
   }
 };
 
@@ -393,128 +410,200 @@ int SimCommands::run() {
 
 namespace {
 
-int run_sweep(SimCommands::Options& o) {
-  auto start = std::chrono::steady_clock::now();
-  std::vector<std::string> policies = policy_list(o.policies);
-  if (policies.empty()) for (auto n : sim_policy_names()) policies.emplace_back(n);
-  check_policies(policies);
+// What a sweep runs, from its options (each checked in this order): the policies, the
+// capacities, the model's parameters, the views; on how many threads.
+struct SweepPlan {
+  std::vector<std::string> policies;
+  std::vector<CapacitySpec> caps;
+  sim::SimParams base;
+  unsigned jobs = 1;
+  bool progress = false;
+  std::vector<sim::AllocatorView> views;
+};
+
+SweepPlan plan_sweep(const SimCommands::Options& o) {
+  SweepPlan plan;
+  plan.policies = policy_list(o.policies);
+  if (plan.policies.empty()) for (auto n : sim_policy_names()) plan.policies.emplace_back(n);
+  check_policies(plan.policies);
   std::vector<std::string> cap_text = split(o.capacities);
   if (cap_text.empty()) cap_text = {"0.667", "0.5"};
-  std::vector<CapacitySpec> caps;
-  for (const std::string& c : cap_text) caps.push_back(parse_capacity(c));
-  sim::SimParams base = o.params();
+  for (const std::string& c : cap_text) plan.caps.push_back(parse_capacity(c));
+  plan.base = o.params();
   if (!o.plot.empty() && !(o.plot.ends_with(".png") || o.plot.ends_with(".svg") || o.plot.ends_with(".pdf"))) {
     throw UsageError{fmt::format("--plot '{}': the file name must end in .png, .svg or .pdf", o.plot)};
   }
-  unsigned jobs = o.jobs > 0 ? static_cast<unsigned>(o.jobs) : std::max(1u, std::thread::hardware_concurrency());
-  const bool progress = !o.quiet && isatty(STDERR_FILENO);
-  const std::vector<sim::AllocatorView> views = parse_views(o.allocators);
+  plan.jobs = o.jobs > 0 ? static_cast<unsigned>(o.jobs) : std::max(1u, std::thread::hardware_concurrency());
+  plan.progress = !o.quiet && isatty(STDERR_FILENO);
+  plan.views = parse_views(o.allocators);
+  return plan;
+}
 
-  // Read and compile the traces (in parallel); the first error in trace order wins. Every
-  // trace is compiled in the `none` view (its bound and capacities: the true accesses) and in
-  // each other view asked for: views[v] of trace t is compiled[t * views.size() + v].
-  std::vector<std::unique_ptr<sim::CompiledTrace>> traces(o.traces.size());
-  std::vector<const sim::CompiledTrace*> compiled(o.traces.size() * views.size());
-  std::vector<std::unique_ptr<sim::CompiledTrace>> other_views(o.traces.size() * views.size());
-  std::vector<ReadFailure> errors(o.traces.size());
-  {
-    std::atomic<std::size_t> next{0};
-    auto work = [&] {
-      for (std::size_t i; (i = next++) < o.traces.size();) {
-        try {
-          // (Each view streams the file: the events are never all in memory, issue 17.)
-          traces[i] = std::make_unique<sim::CompiledTrace>(sim::compile_file(o.traces[i]));
-          for (std::size_t v = 0; v < views.size(); ++v) {
-            if (views[v] == sim::AllocatorView::none) {
-              compiled[i * views.size() + v] = traces[i].get();
-              continue;
-            }
-            other_views[i * views.size() + v] = std::make_unique<sim::CompiledTrace>(sim::compile_file(o.traces[i], views[v]));
-            compiled[i * views.size() + v] = other_views[i * views.size() + v].get();
+// The sweep's traces, compiled: every trace in the `none` view (its bound and capacities:
+// the true accesses) and in each other view asked for.
+struct SweepTraces {
+  std::vector<std::unique_ptr<sim::CompiledTrace>> truth;        // per trace, the `none` view
+  std::vector<const sim::CompiledTrace*> compiled;              // views[v] of trace t: [t * views + v]
+  std::vector<std::unique_ptr<sim::CompiledTrace>> other_views;  // those of `compiled` not in `truth`
+};
+
+// Reads and compiles the traces (in parallel). Returns the exit status of the first error in
+// trace order, its message on stderr, or 0.
+int compile_traces(const std::vector<std::string>& paths, const SweepPlan& plan, SweepTraces& out) {
+  const std::vector<sim::AllocatorView>& views = plan.views;
+  out.truth.resize(paths.size());
+  out.compiled.resize(paths.size() * views.size());
+  out.other_views.resize(paths.size() * views.size());
+  std::vector<ReadFailure> errors(paths.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i; (i = next++) < paths.size();) {
+      try {
+        // (Each view streams the file: the events are never all in memory.)
+        out.truth[i] = std::make_unique<sim::CompiledTrace>(sim::compile_file(paths[i]));
+        for (std::size_t v = 0; v < views.size(); ++v) {
+          if (views[v] == sim::AllocatorView::none) {
+            out.compiled[i * views.size() + v] = out.truth[i].get();
+            continue;
           }
-        } catch (...) {
-          errors[i] = read_failure(o.traces[i]);
+          out.other_views[i * views.size() + v] = std::make_unique<sim::CompiledTrace>(sim::compile_file(paths[i], views[v]));
+          out.compiled[i * views.size() + v] = out.other_views[i * views.size() + v].get();
         }
+      } catch (...) {
+        errors[i] = read_failure(paths[i]);
       }
-    };
-    run_in_parallel(std::min<std::size_t>(jobs, o.traces.size()), work);
-  }
+    }
+  };
+  run_in_parallel(std::min<std::size_t>(plan.jobs, paths.size()), work);
   for (const ReadFailure& e : errors) {
     if (e.status != 0) {
       std::cerr << "spillway: " << e.message << '\n';
       return e.status;
     }
   }
+  return 0;
+}
 
-  struct Cell {
-    std::size_t trace, view, cap, policy;
-  };
-  std::vector<Cell> cells;
-  for (std::size_t t = 0; t < traces.size(); ++t)
-    for (std::size_t c = 0; c < caps.size(); ++c)
-      for (std::size_t v = 0; v < views.size(); ++v)
-        for (std::size_t p = 0; p < policies.size(); ++p) cells.push_back({t, v, c, p});
-  // The bound of each (trace, capacity), shared by its policies.
+// One simulation of the sweep: indices into the traces, views, capacities and policies.
+struct Cell {
+  std::size_t trace, view, cap, policy;
+};
+
+// Runs a sweep's cells on plan.jobs threads, the costliest first; the results keep the
+// table's order (traces, then capacities, views, policies).
+class CellRunner {
+ public:
+  CellRunner(const SweepPlan& plan, const SweepTraces& traces) : plan_(plan), traces_(traces) {
+    const std::size_t n = traces.truth.size(), caps = plan.caps.size(), views = plan.views.size();
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t c = 0; c < caps; ++c)
+        for (std::size_t v = 0; v < views; ++v)
+          for (std::size_t p = 0; p < plan.policies.size(); ++p) cells_.push_back({t, v, c, p});
+    bounds_ = std::vector<sim::LowerBound>(n * caps);
+    view_bounds_ = std::vector<sim::LowerBound>(n * caps * views);
+    bound_once_ = std::vector<std::once_flag>(n * caps);
+    view_once_ = std::vector<std::once_flag>(n * caps * views);
+    results_.resize(cells_.size());
+  }
+
+  std::size_t cells() const { return cells_.size(); }
+  // Runs every cell; rethrows on this thread what the first failing cell threw.
+  std::vector<sim::CellResult> run();
+
+ private:
+  const sim::CompiledTrace& viewed(const Cell& c) const { return *traces_.compiled[c.trace * plan_.views.size() + c.view]; }
+  std::vector<std::size_t> costliest_first() const;
+  void run_one(std::size_t i);
+
+  const SweepPlan& plan_;
+  const SweepTraces& traces_;
+  std::vector<Cell> cells_;
   // The bound of each (trace, capacity), shared by its policies: that of the `none` view (the
   // true accesses), and under a view that places several tensors in one chunk the smaller of
   // it and the bound of that view's placement (sim::view_bound).
-  std::vector<sim::LowerBound> bounds(traces.size() * caps.size()), view_bounds(traces.size() * caps.size() * views.size());
-  std::vector<std::once_flag> fetch_once(traces.size() * caps.size()), view_once(traces.size() * caps.size() * views.size());
-  // Run the costliest cells first (more chunk touches; oracle and correlation do the most
-  // work per touch) so that no long cell is left alone at the end; results keep table order.
-  std::vector<std::size_t> order(cells.size());
+  std::vector<sim::LowerBound> bounds_, view_bounds_;
+  std::vector<std::once_flag> bound_once_, view_once_;
+  std::vector<sim::CellResult> results_;
+  std::atomic<std::size_t> done_{0};
+  std::mutex print_mutex_;
+};
+
+// The costliest cells first (more chunk touches; oracle and correlation do the most work per
+// touch) so that no long cell is left alone at the end.
+std::vector<std::size_t> CellRunner::costliest_first() const {
+  std::vector<std::size_t> order(cells_.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto cost = [&](const Cell& c) {
-    const std::string& p = policies[c.policy];
+    const std::string& p = plan_.policies[c.policy];
     double weight = p == "oracle" ? 4 : p == "correlation" || p == "learned" ? 2.5 : p == "sequential" ? 1.5 : 1;
-    return static_cast<double>(compiled[c.trace * views.size() + c.view]->touches.size()) * weight;
+    return static_cast<double>(viewed(c).touches.size()) * weight;
   };
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost(cells[a]) > cost(cells[b]); });
-  std::vector<sim::CellResult> results(cells.size());
-  std::atomic<std::size_t> next{0}, done{0};
-  std::mutex print_mutex;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost(cells_[a]) > cost(cells_[b]); });
+  return order;
+}
+
+void CellRunner::run_one(std::size_t i) {
+  const Cell& cell = cells_[i];
+  const sim::CompiledTrace& truth = *traces_.truth[cell.trace];  // the `none` view: bound and capacity
+  const sim::CompiledTrace& t = viewed(cell);
+  sim::SimParams p = plan_.base;
+  std::size_t key = cell.trace * plan_.caps.size() + cell.cap;
+  p.capacity_bytes = capacity_bytes(plan_.caps[cell.cap], truth);
+  std::call_once(bound_once_[key], [&] { bounds_[key] = sim::lower_bound(truth, p); });
+  const std::size_t vkey = key * plan_.views.size() + cell.view;
+  std::call_once(view_once_[vkey], [&] { view_bounds_[vkey] = sim::view_bound(bounds_[key], t, p); });
+  results_[i] = sim::run_cell(t, plan_.policies[cell.policy], p, nullptr, &view_bounds_[vkey]);
+  std::size_t finished = ++done_;
+  if (plan_.progress) {
+    std::lock_guard lock(print_mutex_);
+    std::cerr << fmt::format("\r\033[Kspillway sweep: {}/{} cells ({} {} {})", finished, cells_.size(), t.name,
+                             plan_.policies[cell.policy], plan_.caps[cell.cap].text)
+              << std::flush;
+  }
+}
+
+std::vector<sim::CellResult> CellRunner::run() {
+  const std::vector<std::size_t> order = costliest_first();
+  std::atomic<std::size_t> next{0};
   std::exception_ptr failure;
-  auto run_one = [&](std::size_t i) {
-    const Cell& cell = cells[i];
-    const sim::CompiledTrace& truth = *traces[cell.trace];  // the `none` view: bound and capacity
-    const sim::CompiledTrace& t = *compiled[cell.trace * views.size() + cell.view];
-    sim::SimParams p = base;
-    std::size_t key = cell.trace * caps.size() + cell.cap;
-    p.capacity_bytes = capacity_bytes(caps[cell.cap], truth);
-    std::call_once(fetch_once[key], [&] { bounds[key] = sim::lower_bound(truth, p); });
-    const std::size_t vkey = key * views.size() + cell.view;
-    std::call_once(view_once[vkey], [&] { view_bounds[vkey] = sim::view_bound(bounds[key], t, p); });
-    results[i] = sim::run_cell(t, policies[cell.policy], p, nullptr, &view_bounds[vkey]);
-    std::size_t finished = ++done;
-    if (progress) {
-      std::lock_guard lock(print_mutex);
-      std::cerr << fmt::format("\r\033[Kspillway sweep: {}/{} cells ({} {} {})", finished, cells.size(), t.name,
-                               policies[cell.policy], caps[cell.cap].text)
-                << std::flush;
-    }
-  };
   // (Everything a cell throws is caught here and rethrown on this thread after the join.)
   auto work = [&] {
-    for (std::size_t n; (n = next++) < cells.size();) {
+    for (std::size_t n; (n = next++) < cells_.size();) {
       try {
         run_one(order[n]);
       } catch (...) {
-        next = cells.size();
-        std::lock_guard lock(print_mutex);
+        next = cells_.size();
+        std::lock_guard lock(print_mutex_);
         if (!failure) failure = std::current_exception();
         return;
       }
     }
   };
-  run_in_parallel(std::min<std::size_t>(jobs, cells.size()), work);
-  if (progress) std::cerr << "\r\033[K" << std::flush;
+  run_in_parallel(std::min<std::size_t>(plan_.jobs, cells_.size()), work);
+  if (plan_.progress) std::cerr << "\r\033[K" << std::flush;
   if (failure) std::rethrow_exception(failure);
+  return std::move(results_);
+}
 
-  print_table(std::cout, results);
-  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << fmt::format("{} simulations on {} ({:.1f} GB/s H2D) in {:.2f} s wall, {} jobs; xbound = time / the two-direction "
-                           "lower bound (docs/simulator.md), xunlim = time / compute\n",
-                           cells.size(), base.link.name, base.link.h2d_bytes_per_s / 1e9, wall, jobs);
+// Plots the CSV at `csv` to o.plot with scripts/plot_sweep.py; removes `tmp_csv` (when not
+// empty) once the script has run.
+void plot_sweep(const SimCommands::Options& o, const std::string& csv, const std::string& tmp_csv) {
+  std::string script = find_plot_script();
+  if (script.empty()) throw std::runtime_error("cannot find scripts/plot_sweep.py (set SPILLWAY_PLOT_SCRIPT)");
+  // Debian's python3-matplotlib lives with /usr/bin/python3 (a pyenv or venv python3 on
+  // PATH may lack it); $SPILLWAY_PYTHON overrides.
+  std::string python = "python3";
+  if (const char* env = std::getenv("SPILLWAY_PYTHON"); env != nullptr && *env != '\0') python = env;
+  else if (std::error_code ec; fs::exists("/usr/bin/python3", ec)) python = "/usr/bin/python3";
+  std::string cmd = fmt::format("{} {} {} {}", shell_quote(python), shell_quote(script), shell_quote(csv), shell_quote(o.plot));
+  int rc = std::system(cmd.c_str());
+  if (!tmp_csv.empty()) fs::remove(tmp_csv);
+  if (rc != 0) throw std::runtime_error(fmt::format("plotting failed ({}): is python3-matplotlib installed?", cmd));
+  std::cout << "plot: " << o.plot << '\n';
+}
+
+// The CSV (--csv, or a temporary one for --plot) and the plot.
+void write_sweep_files(const SimCommands::Options& o, const std::vector<sim::CellResult>& results) {
   std::string csv = o.csv;
   std::string tmp_csv;
   if (!o.plot.empty() && csv.empty()) {
@@ -523,20 +612,22 @@ int run_sweep(SimCommands::Options& o) {
   }
   if (!csv.empty()) write_csv(csv, results);
   if (!o.csv.empty()) std::cout << "CSV: " << o.csv << '\n';
-  if (!o.plot.empty()) {
-    std::string script = find_plot_script();
-    if (script.empty()) throw std::runtime_error("cannot find scripts/plot_sweep.py (set SPILLWAY_PLOT_SCRIPT)");
-    // Debian's python3-matplotlib lives with /usr/bin/python3 (a pyenv or venv python3 on
-    // PATH may lack it); $SPILLWAY_PYTHON overrides.
-    std::string python = "python3";
-    if (const char* env = std::getenv("SPILLWAY_PYTHON"); env != nullptr && *env != '\0') python = env;
-    else if (std::error_code ec; fs::exists("/usr/bin/python3", ec)) python = "/usr/bin/python3";
-    std::string cmd = fmt::format("{} {} {} {}", shell_quote(python), shell_quote(script), shell_quote(csv), shell_quote(o.plot));
-    int rc = std::system(cmd.c_str());
-    if (!tmp_csv.empty()) fs::remove(tmp_csv);
-    if (rc != 0) throw std::runtime_error(fmt::format("plotting failed ({}): is python3-matplotlib installed?", cmd));
-    std::cout << "plot: " << o.plot << '\n';
-  }
+  if (!o.plot.empty()) plot_sweep(o, csv, tmp_csv);
+}
+
+int run_sweep(SimCommands::Options& o) {
+  auto start = std::chrono::steady_clock::now();
+  const SweepPlan plan = plan_sweep(o);
+  SweepTraces traces;
+  if (int status = compile_traces(o.traces, plan, traces); status != 0) return status;
+  CellRunner runner(plan, traces);
+  const std::vector<sim::CellResult> results = runner.run();
+  print_table(std::cout, results);
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << fmt::format("{} simulations on {} ({:.1f} GB/s H2D) in {:.2f} s wall, {} jobs; xbound = time / the two-direction "
+                           "lower bound (docs/simulator.md), xunlim = time / compute\n",
+                           runner.cells(), plan.base.link.name, plan.base.link.h2d_bytes_per_s / 1e9, wall, plan.jobs);
+  write_sweep_files(o, results);
   return 0;
 }
 

@@ -1,4 +1,4 @@
-// `spillway sweep` and `spillway replay` (issue 3): the simulator's commands.
+// `spillway sweep` and `spillway replay`: the simulator's commands (docs/simulator.md).
 #pragma once
 
 #include <memory>

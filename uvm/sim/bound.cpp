@@ -40,35 +40,44 @@ struct Positions {
 // Walks the trace's ops in order, releasing what lies behind (CompiledTrace::release_behind).
 template <typename F>
 void walk(const CompiledTrace& t, F&& f) {
-  std::size_t op_no = 0, kernel_no = 0, block_no = 0;
-  for (const Op& op : t.ops) {
-    if ((++op_no & 0xffff) == 0) t.release_behind(op_no - 1, kernel_no, block_no);
-    if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) kernel_no = op.index;
-    if (op.kind == Op::Kind::alloc) block_no = op.index;
-    f(op);
-  }
+  for_each_op(t, f);
   t.release_behind(t.ops.size(), t.kernels.size(), t.blocks.size());
 }
+
+// The chunks live across the position a walk has reached: touched (since their block's
+// alloc) before it and touched again from it on.
+struct LiveAcross {
+  std::vector<std::uint32_t> next_touch;  // per chunk: its next touch, kNever when none
+  std::uint32_t count = 0;
+
+  void reset(const BlockPlacement& b) {
+    for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
+      if (next_touch[c] != kNever) --count;
+      next_touch[c] = kNever;
+    }
+  }
+  void touch(const CompiledTrace& t, const KernelRecord& k) {
+    for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
+      const ChunkTouch& tt = t.touches[j];
+      if (next_touch[tt.chunk] != kNever) --count;
+      next_touch[tt.chunk] = tt.next;
+      if (tt.next != kNever) ++count;
+    }
+  }
+};
 
 // With `crossing`, also the number of chunks live across each position: touched (since
 // their block's alloc) before kernel p starts and touched again from p on.
 Positions positions_of(const CompiledTrace& t, std::vector<std::uint32_t>* crossing) {
   Positions p;
   p.compute_prefix.push_back(0);
-  std::vector<std::uint32_t> next_touch;
-  if (crossing != nullptr) next_touch.assign(t.arena_chunks, kNever);
-  std::uint32_t live_across = 0;
-  auto reset = [&](const BlockPlacement& b) {
-    for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
-      if (next_touch[c] != kNever) --live_across;
-      next_touch[c] = kNever;
-    }
-  };
+  LiveAcross live;
+  if (crossing != nullptr) live.next_touch.assign(t.arena_chunks, kNever);
   walk(t, [&](const Op& op) {
     switch (op.kind) {
       case Op::Kind::alloc:
       case Op::Kind::free:
-        if (crossing != nullptr) reset(t.blocks[op.index]);
+        if (crossing != nullptr) live.reset(t.blocks[op.index]);
         break;
       case Op::Kind::kernel:
       case Op::Kind::host: {
@@ -76,15 +85,9 @@ Positions positions_of(const CompiledTrace& t, std::vector<std::uint32_t>* cross
         if (!k.host) {
           p.touch_begin.push_back(k.touch_begin);
           p.compute_prefix.push_back(p.compute_prefix.back() + k.dur_ns);
-          if (crossing != nullptr) crossing->push_back(live_across);
+          if (crossing != nullptr) crossing->push_back(live.count);
         }
-        if (crossing == nullptr) break;
-        for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
-          const ChunkTouch& tt = t.touches[j];
-          if (next_touch[tt.chunk] != kNever) --live_across;
-          next_touch[tt.chunk] = tt.next;
-          if (tt.next != kNever) ++live_across;
-        }
+        if (crossing != nullptr) live.touch(t, k);
         break;
       }
       case Op::Kind::iter: p.iteration_marks.push_back(static_cast<std::uint32_t>(p.touch_begin.size())); break;
@@ -111,81 +114,110 @@ struct Crossing {
   std::vector<std::pair<std::uint32_t, std::uint32_t>> costs;
 };
 
-// The crossings at `cuts` (ascending positions), in one walk of the trace.
-std::vector<Crossing> crossings_at(const CompiledTrace& t, const Positions& pos, std::span<const std::uint32_t> cuts) {
-  std::vector<Crossing> out(cuts.size());
-  const std::size_t n = t.arena_chunks;
-  std::vector<std::uint32_t> next_touch(n, kNever), last_write(n, kNever), written(n, 0);
-  std::vector<std::uint8_t> host_since_write(n, 0);
-  std::size_t at = 0;
-  std::uint32_t position = 0;
-  std::unordered_map<std::uint64_t, std::uint32_t> ids;
-  auto snapshot = [&](Crossing& x) {
-    x.position = position;
-    ids.clear();
-    for (std::uint32_t c = 0; c < n; ++c) {
-      const std::uint32_t next = next_touch[c];
+// The walk crossings_at makes: per chunk, its next touch, its last kernel write (position
+// and bytes) and whether a host event touched it since.
+class CrossingWalk {
+ public:
+  CrossingWalk(const CompiledTrace& t, const Positions& pos)
+      : t_(t), pos_(pos), next_touch_(t.arena_chunks, kNever), last_write_(t.arena_chunks, kNever),
+        written_(t.arena_chunks, 0), host_since_write_(t.arena_chunks, 0) {}
+
+  std::vector<Crossing> at(std::span<const std::uint32_t> cuts) {
+    std::vector<Crossing> out(cuts.size());
+    std::size_t at = 0;
+    walk(t_, [&](const Op& op) {
+      switch (op.kind) {
+        case Op::Kind::alloc:
+        case Op::Kind::free: reset(t_.blocks[op.index]); break;
+        case Op::Kind::kernel:
+          while (at < cuts.size() && cuts[at] == position_) snapshot(out[at++]);
+          kernel_touches(t_.kernels[op.index]);
+          ++position_;
+          break;
+        case Op::Kind::host: host_touches(t_.kernels[op.index]); break;
+        case Op::Kind::iter: break;
+      }
+    });
+    return out;
+  }
+
+ private:
+  void reset(const BlockPlacement& b) {
+    for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
+      next_touch_[c] = kNever;
+      last_write_[c] = kNever;
+    }
+  }
+  void kernel_touches(const KernelRecord& k) {
+    for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
+      const ChunkTouch& tt = t_.touches[j];
+      next_touch_[tt.chunk] = tt.next;
+      if (tt.write) {
+        last_write_[tt.chunk] = position_;
+        written_[tt.chunk] = tt.write_bytes;
+        host_since_write_[tt.chunk] = 0;
+      }
+    }
+  }
+  void host_touches(const KernelRecord& k) {
+    for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
+      const ChunkTouch& tt = t_.touches[j];
+      next_touch_[tt.chunk] = tt.next;
+      host_since_write_[tt.chunk] = 1;
+    }
+  }
+
+  // What chunk `c`, next touched by touch `next`, owes across the cut: the bytes that must
+  // have crossed D2H by it (d, with its last write's position w) and those that must cross
+  // H2D before its next kernel touch (h, with that touch's position nk).
+  struct Owed {
+    std::uint32_t h = 0, d = 0;
+    std::uint32_t next_kernel = kNever, last_write = kNever;
+  };
+  Owed owed(std::uint32_t c, std::uint32_t next) const {
+    Owed o;
+    const bool next_reads = t_.touches[next].read_bytes > 0;
+    if (last_write_[c] != kNever && host_since_write_[c] == 0 && next_reads) {
+      o.d = written_[c];
+      o.last_write = last_write_[c];
+    }
+    std::uint32_t k = next;
+    // (Past at most 64 host touches in a row the chunk is taken to owe nothing: a bound may
+    // leave a cost out, never add one.)
+    for (int hops = 0; k != kNever && t_.touches[k].host; ++hops) k = hops < 64 ? t_.touches[k].next : kNever;
+    if (k != kNever && t_.touches[k].read_bytes > 0) {
+      o.h = t_.touches[k].read_bytes;
+      o.next_kernel = pos_.of_touch(k);
+    }
+    return o;
+  }
+
+  void snapshot(Crossing& x) {
+    x.position = position_;
+    ids_.clear();
+    for (std::uint32_t c = 0; c < next_touch_.size(); ++c) {
+      const std::uint32_t next = next_touch_[c];
       if (next == kNever) continue;
       ++x.count;
-      const bool next_reads = t.touches[next].read_bytes > 0;
-      std::uint32_t d = 0, w = kNever;
-      if (last_write[c] != kNever && host_since_write[c] == 0 && next_reads) {
-        d = written[c];
-        w = last_write[c];
-      }
-      std::uint32_t k = next;
-      // (Past at most 64 host touches in a row the chunk is taken to owe nothing: a bound may
-      // leave a cost out, never add one.)
-      for (int hops = 0; k != kNever && t.touches[k].host; ++hops) k = hops < 64 ? t.touches[k].next : kNever;
-      std::uint32_t h = 0, nk = kNever;
-      if (k != kNever && t.touches[k].read_bytes > 0) {
-        h = t.touches[k].read_bytes;
-        nk = pos.of_touch(k);
-      }
-      if (h == 0 && d == 0) continue;
-      auto [it, added] = ids.try_emplace((std::uint64_t{h} << 32) | d, static_cast<std::uint32_t>(x.costs.size()));
-      if (added) x.costs.emplace_back(h, d);
-      x.entries.push_back(Entry{nk, w, it->second});
+      const Owed o = owed(c, next);
+      if (o.h == 0 && o.d == 0) continue;
+      auto [it, added] = ids_.try_emplace((std::uint64_t{o.h} << 32) | o.d, static_cast<std::uint32_t>(x.costs.size()));
+      if (added) x.costs.emplace_back(o.h, o.d);
+      x.entries.push_back(Entry{o.next_kernel, o.last_write, it->second});
     }
-  };
-  auto reset = [&](const BlockPlacement& b) {
-    for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
-      next_touch[c] = kNever;
-      last_write[c] = kNever;
-    }
-  };
-  walk(t, [&](const Op& op) {
-    switch (op.kind) {
-      case Op::Kind::alloc:
-      case Op::Kind::free: reset(t.blocks[op.index]); break;
-      case Op::Kind::kernel: {
-        while (at < cuts.size() && cuts[at] == position) snapshot(out[at++]);
-        const KernelRecord& k = t.kernels[op.index];
-        for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
-          const ChunkTouch& tt = t.touches[j];
-          next_touch[tt.chunk] = tt.next;
-          if (tt.write) {
-            last_write[tt.chunk] = position;
-            written[tt.chunk] = tt.write_bytes;
-            host_since_write[tt.chunk] = 0;
-          }
-        }
-        ++position;
-        break;
-      }
-      case Op::Kind::host: {
-        const KernelRecord& k = t.kernels[op.index];
-        for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
-          const ChunkTouch& tt = t.touches[j];
-          next_touch[tt.chunk] = tt.next;
-          host_since_write[tt.chunk] = 1;
-        }
-        break;
-      }
-      case Op::Kind::iter: break;
-    }
-  });
-  return out;
+  }
+
+  const CompiledTrace& t_;
+  const Positions& pos_;
+  std::vector<std::uint32_t> next_touch_, last_write_, written_;
+  std::vector<std::uint8_t> host_since_write_;
+  std::uint32_t position_ = 0;
+  std::unordered_map<std::uint64_t, std::uint32_t> ids_;
+};
+
+// The crossings at `cuts` (ascending positions), in one walk of the trace.
+std::vector<Crossing> crossings_at(const CompiledTrace& t, const Positions& pos, std::span<const std::uint32_t> cuts) {
+  return CrossingWalk(t, pos).at(cuts);
 }
 
 // What one cut adds to the bound, for each pair of weights (H2D weight of the interval that
@@ -198,13 +230,17 @@ struct Link {
   std::uint64_t h2d, d2h;  // whole bytes per second
 };
 
-// The table of cut `x` between the cuts at positions `before` (0: the run's start) and
-// `after` (the kernel count: its end), with `capacity` chunks: of the x.count chunks live
-// across it, the cheapest x.count - capacity are the ones off the GPU.
-CutTable table_of(const Crossing& x, std::uint32_t before, std::uint32_t after, std::uint64_t capacity, Link link) {
-  CutTable table;
-  if (x.count <= capacity) return table;
-  const std::uint64_t off = x.count - capacity;
+// Chunks live across a cut that cost the same: h bytes owed H2D, d bytes owed D2H, and
+// their cost with the weights at hand.
+struct CostItem {
+  std::uint32_t h, d;
+  std::uint64_t chunks;
+  u128 cost;
+};
+
+// The chunks live across cut `x` grouped by what they owe between the cuts at positions
+// `before` and `after`; items[0] holds those that owe nothing.
+std::vector<CostItem> cost_items(const Crossing& x, std::uint32_t before, std::uint32_t after) {
   // Chunks per (cost pair, H2D owed in the next interval, D2H owed in the previous one).
   std::vector<std::uint64_t> count(x.costs.size() * 4, 0);
   for (const Entry& e : x.entries) {
@@ -212,12 +248,7 @@ CutTable table_of(const Crossing& x, std::uint32_t before, std::uint32_t after, 
     const bool d2h = e.last_write != kNever && e.last_write >= before;
     ++count[e.pair * 4 + (h2d ? 2 : 0) + (d2h ? 1 : 0)];
   }
-  struct Item {
-    std::uint32_t h, d;
-    std::uint64_t chunks;
-    u128 cost;
-  };
-  std::vector<Item> items;
+  std::vector<CostItem> items;
   items.push_back({0, 0, x.count - x.entries.size(), 0});
   for (std::size_t i = 0; i < x.costs.size(); ++i) {
     for (int k = 0; k < 4; ++k) {
@@ -227,41 +258,56 @@ CutTable table_of(const Crossing& x, std::uint32_t before, std::uint32_t after, 
       else items.push_back({h, d, count[i * 4 + k], 0});
     }
   }
+  return items;
+}
+
+// The sum of the costs of the `off` cheapest chunks: a weighted selection (quickselect on
+// the items, each holding `chunks` chunks of one cost), expected O(items). Reorders `items`.
+u128 cheapest_sum(std::vector<CostItem>& items, std::uint64_t off) {
+  u128 sum = 0;
+  std::uint64_t left = off;
+  std::size_t lo = 0, hi = items.size();
+  auto cheaper = [](const CostItem& l, const CostItem& r) { return l.cost < r.cost; };
+  while (left > 0 && lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    std::nth_element(items.begin() + static_cast<std::ptrdiff_t>(lo), items.begin() + static_cast<std::ptrdiff_t>(mid),
+                     items.begin() + static_cast<std::ptrdiff_t>(hi), cheaper);
+    std::uint64_t below = 0;  // chunks in [lo, mid): none costs more than items[mid]
+    u128 below_cost = 0;
+    for (std::size_t i = lo; i < mid; ++i) {
+      below += items[i].chunks;
+      below_cost += items[i].cost * items[i].chunks;
+    }
+    if (below >= left) {
+      hi = mid;
+      continue;
+    }
+    sum += below_cost;
+    left -= below;
+    const std::uint64_t take = std::min(left, items[mid].chunks);
+    sum += items[mid].cost * take;
+    left -= take;
+    lo = mid + 1;
+  }
+  return sum;
+}
+
+// The table of cut `x` between the cuts at positions `before` (0: the run's start) and
+// `after` (the kernel count: its end), with `capacity` chunks: of the x.count chunks live
+// across it, the cheapest x.count - capacity are the ones off the GPU.
+CutTable table_of(const Crossing& x, std::uint32_t before, std::uint32_t after, std::uint64_t capacity, Link link) {
+  CutTable table;
+  if (x.count <= capacity) return table;
+  const std::uint64_t off = x.count - capacity;
+  std::vector<CostItem> items = cost_items(x, before, after);
   // A chunk's cost with weights (b, g), in units of 1 / (W * B_h2d * B_d2h) ns:
   // (b * h * B_d2h + g * d * B_h2d) * 1e9 — at most about 2^91, summed over < 2^32 chunks.
   const u128 denominator = u128{W} * link.h2d * link.d2h;
   for (std::uint32_t b = 0; b <= W; ++b) {
     for (std::uint32_t g = 0; g <= W; ++g) {
       if (b == 0 && g == 0) continue;
-      for (Item& it : items) it.cost = (u128{b} * it.h * link.d2h + u128{g} * it.d * link.h2d) * 1000000000u;
-      // The sum of the `off` cheapest chunks: a weighted selection (quickselect on the
-      // items, each holding `chunks` chunks of one cost), expected O(items).
-      u128 sum = 0;
-      std::uint64_t left = off;
-      std::size_t lo = 0, hi = items.size();
-      auto cheaper = [](const Item& l, const Item& r) { return l.cost < r.cost; };
-      while (left > 0 && lo < hi) {
-        const std::size_t mid = lo + (hi - lo) / 2;
-        std::nth_element(items.begin() + static_cast<std::ptrdiff_t>(lo), items.begin() + static_cast<std::ptrdiff_t>(mid),
-                         items.begin() + static_cast<std::ptrdiff_t>(hi), cheaper);
-        std::uint64_t below = 0;  // chunks in [lo, mid): none costs more than items[mid]
-        u128 below_cost = 0;
-        for (std::size_t i = lo; i < mid; ++i) {
-          below += items[i].chunks;
-          below_cost += items[i].cost * items[i].chunks;
-        }
-        if (below >= left) {
-          hi = mid;
-          continue;
-        }
-        sum += below_cost;
-        left -= below;
-        const std::uint64_t take = std::min(left, items[mid].chunks);
-        sum += items[mid].cost * take;
-        left -= take;
-        lo = mid + 1;
-      }
-      table.ns[b][g] = static_cast<std::uint64_t>(sum / denominator);
+      for (CostItem& it : items) it.cost = (u128{b} * it.h * link.d2h + u128{g} * it.d * link.h2d) * 1000000000u;
+      table.ns[b][g] = static_cast<std::uint64_t>(cheapest_sum(items, off) / denominator);
     }
   }
   return table;
@@ -366,171 +412,248 @@ std::uint64_t cut_bound_ns(const CompiledTrace& trace, const SimParams& params, 
   return total;
 }
 
-CutBound search_cut_bound(const CompiledTrace& trace, const SimParams& params, const CutSearch& search) {
-  const Link link = link_of(params);
-  std::vector<std::uint32_t> live_across;
-  const Positions pos = positions_of(trace, &live_across);
-  const std::uint32_t n = pos.kernels();
-  const std::uint64_t capacity = params.capacity_bytes / kChunkBytes;
-  CutBound result;
-  result.ns = pos.compute_prefix.back();
-  result.weights.assign(1, IntervalWeights{});
-  if (n < 2 || search.max_candidates == 0) return result;
+namespace {
 
-  // Candidates: the iteration marks, and in each of max_candidates / 2 windows the position
-  // with the most chunks live across it (when more than fit) and the one with the fewest.
-  std::vector<std::uint32_t> candidates;
-  for (std::uint32_t m : pos.iteration_marks) if (m > 0 && m < n) candidates.push_back(m);
-  const std::uint32_t windows = std::max<std::uint32_t>(1, search.max_candidates / 2);
-  const std::uint32_t width = std::max<std::uint32_t>(1, (n - 1 + windows - 1) / windows);
-  for (std::uint32_t s = 1; s < n; s += width) {
-    const std::uint32_t e = std::min(n, s + width);
-    auto lo = std::min_element(live_across.begin() + s, live_across.begin() + e);
-    auto hi = std::max_element(live_across.begin() + s, live_across.begin() + e);
-    candidates.push_back(static_cast<std::uint32_t>(lo - live_across.begin()));
-    if (*hi > capacity) candidates.push_back(static_cast<std::uint32_t>(hi - live_across.begin()));
-  }
-  std::sort(candidates.begin(), candidates.end());
-  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
-  auto entries_of = [&](const std::vector<std::uint32_t>& c) {
-    std::uint64_t e = 0;
-    for (std::uint32_t p : c) e += live_across[p];
-    return e;
-  };
-  // Thin to the limits: every other candidate, until within them.
-  const std::size_t max_candidates = std::min<std::size_t>(search.max_candidates, std::size_t{1} << 20);
-  while (candidates.size() > max_candidates || (candidates.size() > 2 && entries_of(candidates) > search.max_entries)) {
-    std::vector<std::uint32_t> kept;
-    for (std::size_t i = 0; i < candidates.size(); i += 2) kept.push_back(candidates[i]);
-    candidates.swap(kept);
-  }
-  if (std::none_of(candidates.begin(), candidates.end(), [&](std::uint32_t p) { return live_across[p] > capacity; })) {
-    return result;  // nothing has to be off the GPU at any candidate: the kernels' time is the bound
-  }
-  const std::vector<Crossing> crossing = crossings_at(trace, pos, candidates);
+// A set of cuts (ascending indices into the candidates), their tables and value.
+struct Solution {
+  std::vector<std::uint32_t> cuts;
+  std::vector<CutTable> tables;
+  std::uint64_t ns = 0;
+};
 
-  auto position = [&](const std::vector<std::uint32_t>& cuts, std::ptrdiff_t i) -> std::uint32_t {
-    if (i < 0) return 0;
-    if (static_cast<std::size_t>(i) >= cuts.size()) return n;
-    return candidates[cuts[i]];
-  };
+// search_cut_bound's state: the trace's positions, the candidate cuts and the chunks live
+// across each, and the tables computed so far.
+class CutSearcher {
+ public:
+  CutSearcher(const CompiledTrace& trace, const SimParams& params, const CutSearch& search)
+      : trace_(trace), search_(search), link_(link_of(params)), pos_(positions_of(trace, &live_across_)),
+        n_(pos_.kernels()), capacity_(params.capacity_bytes / kChunkBytes) {}
+
+  CutBound run();
+
+ private:
+  void choose_candidates();
+  void thin_candidates();
+  std::uint64_t entries_of(const std::vector<std::uint32_t>& c) const;
+  std::uint32_t position(const std::vector<std::uint32_t>& cuts, std::ptrdiff_t i) const;
+  CutTable table(const std::vector<std::uint32_t>& cuts, std::size_t i);
+  std::uint64_t value(const std::vector<std::uint32_t>& cuts, const std::vector<CutTable>& t);
+  Solution make(std::vector<std::uint32_t> cuts);
+  void retable(Solution& s, std::size_t from, std::size_t to);
+  Solution improve(Solution s);
+  void drop_cuts(Solution& s);
+  void move_cuts(Solution& s);
+  void add_cuts(Solution& s);
+  std::vector<std::uint32_t> peaks() const;
+  std::vector<std::uint32_t> alternating() const;
+
+  const CompiledTrace& trace_;
+  const CutSearch& search_;
+  const Link link_;
+  std::vector<std::uint32_t> live_across_;  // per position (positions_of)
+  const Positions pos_;
+  const std::uint32_t n_;
+  const std::uint64_t capacity_;
+  std::vector<std::uint32_t> candidates_;  // positions, ascending
+  std::vector<Crossing> crossing_;         // per candidate
   // Tables by (candidate, previous cut, next cut): the local moves ask for the same ones
   // again and again.
-  std::unordered_map<std::uint64_t, CutTable> tables_seen;
-  auto table = [&](const std::vector<std::uint32_t>& cuts, std::size_t i) {
-    const std::uint32_t before = position(cuts, static_cast<std::ptrdiff_t>(i) - 1), after = position(cuts, static_cast<std::ptrdiff_t>(i) + 1);
-    // The key: the candidate indices of the cut and its neighbours (+1; 0: none), 21 bits each
-    // (at most 2^20 candidates, see the thinning above).
-    const std::uint64_t prev = i == 0 ? 0 : cuts[i - 1] + 1, next = i + 1 == cuts.size() ? 0 : cuts[i + 1] + 1;
-    const std::uint64_t key = (std::uint64_t{cuts[i]} + 1) << 42 | prev << 21 | next;
-    auto [it, added] = tables_seen.try_emplace(key);
-    if (added) it->second = table_of(crossing[cuts[i]], before, after, capacity, link);
-    return it->second;
-  };
-  std::vector<std::uint32_t> cut_positions;
-  auto value = [&](const std::vector<std::uint32_t>& cuts, const std::vector<CutTable>& t) {
-    cut_positions.resize(cuts.size());
-    for (std::size_t i = 0; i < cuts.size(); ++i) cut_positions[i] = candidates[cuts[i]];
-    return best_weights(pos, cut_positions, t, nullptr);
-  };
-  // A set of cuts (ascending indices into candidates), their tables and value.
-  struct Solution {
-    std::vector<std::uint32_t> cuts;
-    std::vector<CutTable> tables;
-    std::uint64_t ns = 0;
-  };
-  auto make = [&](std::vector<std::uint32_t> cuts) {
-    Solution s;
-    s.cuts = std::move(cuts);
-    s.tables.resize(s.cuts.size());
-    for (std::size_t i = 0; i < s.cuts.size(); ++i) s.tables[i] = table(s.cuts, i);
-    s.ns = value(s.cuts, s.tables);
-    return s;
-  };
-  // A move changes the tables of the cuts it touches and of their neighbours.
-  auto retable = [&](Solution& s, std::size_t from, std::size_t to) {  // [from, to], clipped
-    for (std::size_t i = from; i <= to && i < s.cuts.size(); ++i) s.tables[i] = table(s.cuts, i);
-    s.ns = value(s.cuts, s.tables);
-  };
-  // Local moves until none helps (at most 4 rounds): drop a cut when that does not lower the
-  // bound, move a cut to another candidate between its neighbours, add a candidate left out,
-  // when either raises it.
-  auto improve = [&](Solution s) {
-    for (int round = 0; round < 4; ++round) {
-      const std::uint64_t before = s.ns;
-      for (std::size_t i = 0; i < s.cuts.size() && s.cuts.size() > 1;) {
-        Solution t = s;
-        t.cuts.erase(t.cuts.begin() + static_cast<std::ptrdiff_t>(i));
-        t.tables.erase(t.tables.begin() + static_cast<std::ptrdiff_t>(i));
-        retable(t, i == 0 ? 0 : i - 1, i);
-        if (t.ns >= s.ns) s = std::move(t);
-        else ++i;
-      }
-      for (std::size_t i = 0; i < s.cuts.size(); ++i) {
-        const std::uint32_t lo = i == 0 ? 0 : s.cuts[i - 1] + 1;
-        const std::uint32_t hi = i + 1 == s.cuts.size() ? static_cast<std::uint32_t>(candidates.size()) : s.cuts[i + 1];
-        for (std::uint32_t c = lo; c < hi; ++c) {
-          if (c == s.cuts[i]) continue;
-          Solution t = s;
-          t.cuts[i] = c;
-          retable(t, i == 0 ? 0 : i - 1, i + 1);
-          if (t.ns > s.ns) s = std::move(t);
-        }
-      }
-      for (std::uint32_t c = 0; c < candidates.size(); ++c) {
-        const std::size_t i = static_cast<std::size_t>(std::lower_bound(s.cuts.begin(), s.cuts.end(), c) - s.cuts.begin());
-        if (i < s.cuts.size() && s.cuts[i] == c) continue;
-        Solution t = s;
-        t.cuts.insert(t.cuts.begin() + static_cast<std::ptrdiff_t>(i), c);
-        t.tables.insert(t.tables.begin() + static_cast<std::ptrdiff_t>(i), CutTable{});
-        retable(t, i == 0 ? 0 : i - 1, i + 1);
-        if (t.ns > s.ns) s = std::move(t);
-      }
-      if (s.ns == before) break;
-    }
-    return s;
-  };
+  std::unordered_map<std::uint64_t, CutTable> tables_seen_;
+  std::vector<std::uint32_t> cut_positions_;  // (value()'s)
+};
 
-  // Starts: (1) every candidate; (2) the peaks — in each stretch between candidates where
-  // everything live fits (or in the whole run), the candidate with the most live across —
-  // with the candidate with the fewest between each two peaks, so that what a peak's chunks
-  // owe before and after it falls in intervals of their own.
-  std::vector<std::uint32_t> all(candidates.size());
-  for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
-  std::vector<std::uint32_t> peaks;
-  for (std::uint32_t i = 0; i < candidates.size();) {
-    if (live_across[candidates[i]] <= capacity) {
+// Candidates: the iteration marks, and in each of max_candidates / 2 windows the position
+// with the most chunks live across it (when more than fit) and the one with the fewest.
+void CutSearcher::choose_candidates() {
+  for (std::uint32_t m : pos_.iteration_marks) if (m > 0 && m < n_) candidates_.push_back(m);
+  const std::uint32_t windows = std::max<std::uint32_t>(1, search_.max_candidates / 2);
+  const std::uint32_t width = std::max<std::uint32_t>(1, (n_ - 1 + windows - 1) / windows);
+  for (std::uint32_t s = 1; s < n_; s += width) {
+    const std::uint32_t e = std::min(n_, s + width);
+    auto lo = std::min_element(live_across_.begin() + s, live_across_.begin() + e);
+    auto hi = std::max_element(live_across_.begin() + s, live_across_.begin() + e);
+    candidates_.push_back(static_cast<std::uint32_t>(lo - live_across_.begin()));
+    if (*hi > capacity_) candidates_.push_back(static_cast<std::uint32_t>(hi - live_across_.begin()));
+  }
+  std::sort(candidates_.begin(), candidates_.end());
+  candidates_.erase(std::unique(candidates_.begin(), candidates_.end()), candidates_.end());
+}
+
+std::uint64_t CutSearcher::entries_of(const std::vector<std::uint32_t>& c) const {
+  std::uint64_t e = 0;
+  for (std::uint32_t p : c) e += live_across_[p];
+  return e;
+}
+
+// Thins the candidates to the limits: every other one, until within them.
+void CutSearcher::thin_candidates() {
+  const std::size_t max_candidates = std::min<std::size_t>(search_.max_candidates, std::size_t{1} << 20);
+  while (candidates_.size() > max_candidates || (candidates_.size() > 2 && entries_of(candidates_) > search_.max_entries)) {
+    std::vector<std::uint32_t> kept;
+    for (std::size_t i = 0; i < candidates_.size(); i += 2) kept.push_back(candidates_[i]);
+    candidates_.swap(kept);
+  }
+}
+
+std::uint32_t CutSearcher::position(const std::vector<std::uint32_t>& cuts, std::ptrdiff_t i) const {
+  if (i < 0) return 0;
+  if (static_cast<std::size_t>(i) >= cuts.size()) return n_;
+  return candidates_[cuts[i]];
+}
+
+CutTable CutSearcher::table(const std::vector<std::uint32_t>& cuts, std::size_t i) {
+  const std::uint32_t before = position(cuts, static_cast<std::ptrdiff_t>(i) - 1), after = position(cuts, static_cast<std::ptrdiff_t>(i) + 1);
+  // The key: the candidate indices of the cut and its neighbours (+1; 0: none), 21 bits each
+  // (at most 2^20 candidates, see thin_candidates()).
+  const std::uint64_t prev = i == 0 ? 0 : cuts[i - 1] + 1, next = i + 1 == cuts.size() ? 0 : cuts[i + 1] + 1;
+  const std::uint64_t key = (std::uint64_t{cuts[i]} + 1) << 42 | prev << 21 | next;
+  auto [it, added] = tables_seen_.try_emplace(key);
+  if (added) it->second = table_of(crossing_[cuts[i]], before, after, capacity_, link_);
+  return it->second;
+}
+
+std::uint64_t CutSearcher::value(const std::vector<std::uint32_t>& cuts, const std::vector<CutTable>& t) {
+  cut_positions_.resize(cuts.size());
+  for (std::size_t i = 0; i < cuts.size(); ++i) cut_positions_[i] = candidates_[cuts[i]];
+  return best_weights(pos_, cut_positions_, t, nullptr);
+}
+
+Solution CutSearcher::make(std::vector<std::uint32_t> cuts) {
+  Solution s;
+  s.cuts = std::move(cuts);
+  s.tables.resize(s.cuts.size());
+  for (std::size_t i = 0; i < s.cuts.size(); ++i) s.tables[i] = table(s.cuts, i);
+  s.ns = value(s.cuts, s.tables);
+  return s;
+}
+
+// A move changes the tables of the cuts it touches and of their neighbours: [from, to],
+// clipped.
+void CutSearcher::retable(Solution& s, std::size_t from, std::size_t to) {
+  for (std::size_t i = from; i <= to && i < s.cuts.size(); ++i) s.tables[i] = table(s.cuts, i);
+  s.ns = value(s.cuts, s.tables);
+}
+
+// Drops each cut while that does not lower the bound.
+void CutSearcher::drop_cuts(Solution& s) {
+  for (std::size_t i = 0; i < s.cuts.size() && s.cuts.size() > 1;) {
+    Solution t = s;
+    t.cuts.erase(t.cuts.begin() + static_cast<std::ptrdiff_t>(i));
+    t.tables.erase(t.tables.begin() + static_cast<std::ptrdiff_t>(i));
+    retable(t, i == 0 ? 0 : i - 1, i);
+    if (t.ns >= s.ns) s = std::move(t);
+    else ++i;
+  }
+}
+
+// Moves each cut to another candidate between its neighbours when that raises the bound.
+void CutSearcher::move_cuts(Solution& s) {
+  for (std::size_t i = 0; i < s.cuts.size(); ++i) {
+    const std::uint32_t lo = i == 0 ? 0 : s.cuts[i - 1] + 1;
+    const std::uint32_t hi = i + 1 == s.cuts.size() ? static_cast<std::uint32_t>(candidates_.size()) : s.cuts[i + 1];
+    for (std::uint32_t c = lo; c < hi; ++c) {
+      if (c == s.cuts[i]) continue;
+      Solution t = s;
+      t.cuts[i] = c;
+      retable(t, i == 0 ? 0 : i - 1, i + 1);
+      if (t.ns > s.ns) s = std::move(t);
+    }
+  }
+}
+
+// Adds each candidate left out when that raises the bound.
+void CutSearcher::add_cuts(Solution& s) {
+  for (std::uint32_t c = 0; c < candidates_.size(); ++c) {
+    const std::size_t i = static_cast<std::size_t>(std::lower_bound(s.cuts.begin(), s.cuts.end(), c) - s.cuts.begin());
+    if (i < s.cuts.size() && s.cuts[i] == c) continue;
+    Solution t = s;
+    t.cuts.insert(t.cuts.begin() + static_cast<std::ptrdiff_t>(i), c);
+    t.tables.insert(t.tables.begin() + static_cast<std::ptrdiff_t>(i), CutTable{});
+    retable(t, i == 0 ? 0 : i - 1, i + 1);
+    if (t.ns > s.ns) s = std::move(t);
+  }
+}
+
+// Local moves until none helps (at most 4 rounds): drop a cut when that does not lower the
+// bound, move a cut to another candidate between its neighbours, add a candidate left out,
+// when either raises it.
+Solution CutSearcher::improve(Solution s) {
+  for (int round = 0; round < 4; ++round) {
+    const std::uint64_t before = s.ns;
+    drop_cuts(s);
+    move_cuts(s);
+    add_cuts(s);
+    if (s.ns == before) break;
+  }
+  return s;
+}
+
+// The peaks: in each stretch of candidates where more is live than fits, the candidate
+// (index) with the most live across it.
+std::vector<std::uint32_t> CutSearcher::peaks() const {
+  std::vector<std::uint32_t> out;
+  for (std::uint32_t i = 0; i < candidates_.size();) {
+    if (live_across_[candidates_[i]] <= capacity_) {
       ++i;
       continue;
     }
     std::uint32_t top = i;
-    for (; i < candidates.size() && live_across[candidates[i]] > capacity; ++i) {
-      if (live_across[candidates[i]] > live_across[candidates[top]]) top = i;
+    for (; i < candidates_.size() && live_across_[candidates_[i]] > capacity_; ++i) {
+      if (live_across_[candidates_[i]] > live_across_[candidates_[top]]) top = i;
     }
-    peaks.push_back(top);
+    out.push_back(top);
   }
-  std::vector<std::uint32_t> alternating;
-  for (std::size_t k = 0; k < peaks.size(); ++k) {
-    if (k > 0 && peaks[k] > peaks[k - 1] + 1) {
-      std::uint32_t low = peaks[k - 1] + 1;
-      for (std::uint32_t c = low; c < peaks[k]; ++c) {
-        if (live_across[candidates[c]] < live_across[candidates[low]]) low = c;
+  return out;
+}
+
+// The peaks with the candidate with the fewest live across between each two, so that what a
+// peak's chunks owe before and after it falls in intervals of their own.
+std::vector<std::uint32_t> CutSearcher::alternating() const {
+  const std::vector<std::uint32_t> peak = peaks();
+  std::vector<std::uint32_t> out;
+  for (std::size_t k = 0; k < peak.size(); ++k) {
+    if (k > 0 && peak[k] > peak[k - 1] + 1) {
+      std::uint32_t low = peak[k - 1] + 1;
+      for (std::uint32_t c = low; c < peak[k]; ++c) {
+        if (live_across_[candidates_[c]] < live_across_[candidates_[low]]) low = c;
       }
-      alternating.push_back(low);
+      out.push_back(low);
     }
-    alternating.push_back(peaks[k]);
+    out.push_back(peak[k]);
   }
+  return out;
+}
+
+CutBound CutSearcher::run() {
+  CutBound result;
+  result.ns = pos_.compute_prefix.back();
+  result.weights.assign(1, IntervalWeights{});
+  if (n_ < 2 || search_.max_candidates == 0) return result;
+  choose_candidates();
+  thin_candidates();
+  if (std::none_of(candidates_.begin(), candidates_.end(), [&](std::uint32_t p) { return live_across_[p] > capacity_; })) {
+    return result;  // nothing has to be off the GPU at any candidate: the kernels' time is the bound
+  }
+  crossing_ = crossings_at(trace_, pos_, candidates_);
+  // Starts: (1) every candidate; (2) the peaks alternating with troughs (alternating()).
+  std::vector<std::uint32_t> all(candidates_.size());
+  for (std::uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  const std::vector<std::uint32_t> second = alternating();
   Solution best = improve(make(all));
-  if (!alternating.empty()) {
-    Solution other = improve(make(alternating));
+  if (!second.empty()) {
+    Solution other = improve(make(second));
     if (other.ns > best.ns) best = std::move(other);
   }
-  std::vector<std::uint32_t> chosen = std::move(best.cuts);
-  std::vector<CutTable> tables = std::move(best.tables);
-  result.cuts.resize(chosen.size());
-  for (std::size_t i = 0; i < chosen.size(); ++i) result.cuts[i] = candidates[chosen[i]];
-  result.ns = best_weights(pos, result.cuts, tables, &result.weights);
+  result.cuts.resize(best.cuts.size());
+  for (std::size_t i = 0; i < best.cuts.size(); ++i) result.cuts[i] = candidates_[best.cuts[i]];
+  result.ns = best_weights(pos_, result.cuts, best.tables, &result.weights);
   return result;
+}
+
+}  // namespace
+
+CutBound search_cut_bound(const CompiledTrace& trace, const SimParams& params, const CutSearch& search) {
+  return CutSearcher(trace, params, search).run();
 }
 
 }  // namespace spillway::sim

@@ -139,7 +139,7 @@ void SimBackend::make_resident(std::uint32_t c, std::uint64_t ready) {
   // Entries of chunks that left by other ways (a free, the Engine's eviction) are skipped
   // when they reach the front; between evictions they pile up, as many as migrations: drop
   // them once they are most of the list (order kept, so evictions are the same), so the
-  // list stays within twice the resident chunks (issue 17: memory not growing with length).
+  // list stays within twice the resident chunks (so that memory does not grow with the trace's length).
   if (fifo_.size() > 2 * resident_ + 4096) {
     std::erase_if(fifo_, [&](const std::pair<std::uint32_t, std::uint64_t>& e) { return state_[e.first] != gpu || mig_seq_[e.first] != e.second; });
   }
@@ -207,75 +207,105 @@ Result SimBackend::advise(std::uint64_t addr, std::uint64_t bytes, Advice advice
   return {};
 }
 
+// What a kernel's touches ask of the link: when its resident chunks are ready, the bytes it
+// reads and writes remotely, the faults its writes to read-mostly copies take.
+struct SimBackend::KernelTraffic {
+  std::uint64_t ready = 0;
+  std::uint64_t remote_in = 0, remote_out = 0, collapse_faults = 0;
+};
+
 void SimBackend::run(std::uint32_t index) {
   const KernelRecord& k = trace_.kernels[index];
-  const ChunkTouch* touches = trace_.touches.data();
   if (k.host) {
-    // The CPU touches managed data: chunks on the GPU fault back to the host (CPU faults at
-    // the fault-path rate), after the GPU has finished what it was doing.
-    // The copies hold the D2H engine, after what it was already doing.
-    std::uint64_t t = t_compute_;
-    for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
-      std::uint32_t c = touches[j].chunk;
-      if (state_[c] == gpu) {
-        t = std::max({t, ready_[c], t_d2h_}) + copy_ns(params_.link.d2h_bytes_per_s / std::max(1.0, params_.fault_slowdown), kChunkBytes);
-        t_d2h_ = t;
-        stats_.d2h_bytes += kChunkBytes;
-        ++stats_.faults;
-        leave(c);
-        ++stats_.chunks_evicted;
-        state_[c] = cpu;
-      } else if (state_[c] == fresh) {
-        state_[c] = cpu;
-      }
-    }
-    t_compute_ = t;
+    run_host(k);
     return;
   }
-
+  const ChunkTouch* touches = trace_.touches.data();
   ++epoch_;
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) pin_[touches[j].chunk] = epoch_;
   const std::uint64_t t0 = t_compute_;
-  std::uint64_t ready = t0, remote_in = 0, remote_out = 0, collapse_faults = 0;
-  // A touch served over the link: its reads come in, its writes go out; a chunk never
-  // touched before is then made on the host (its pages are created where they are touched).
-  auto remote = [&](const ChunkTouch& tt) {
-    remote_in += tt.read_bytes;
-    remote_out += tt.write_bytes;
-    if (state_[tt.chunk] == fresh) state_[tt.chunk] = cpu;
-  };
+  KernelTraffic traffic;
+  traffic.ready = t0;
   missing_.clear();
+  for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) serve_touch(j, traffic);
+  stats_.wait_ns += traffic.ready - t0;
+  const std::uint64_t t = service_faults(traffic);
+  finish_kernel(k, t, copy_remote(t, traffic));
+}
+
+// The CPU touches managed data: chunks on the GPU fault back to the host (CPU faults at the
+// fault-path rate), after the GPU has finished what it was doing. The copies hold the D2H
+// engine, after what it was already doing.
+void SimBackend::run_host(const KernelRecord& k) {
+  const ChunkTouch* touches = trace_.touches.data();
+  std::uint64_t t = t_compute_;
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
-    const ChunkTouch& tt = touches[j];
-    std::uint32_t c = tt.chunk;
-    std::uint8_t f = flags_[c];
+    std::uint32_t c = touches[j].chunk;
     if (state_[c] == gpu) {
-      if (ready_[c] > ready) ready = ready_[c];
-      // A write to a read-mostly copy faults (it is mapped read-only) and the driver
-      // collapses the copies: the CPU's is invalidated, no data moves.
-      if (tt.write && (f & read_mostly) && !(f & dirty)) {
-        collapse_faults += (tt.write_bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
-        ++stats_.collapses;
-        if (faults_taken_) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes, true});
-      }
-      if (f & unused_prefetch) {
-        stats_.prefetch_used_bytes += kChunkBytes;
-        flags_[c] = f & static_cast<std::uint8_t>(~unused_prefetch);
-      }
-    } else if ((f & prefer_cpu) || ((f & accessed_by) && state_[c] == cpu)) {
-      remote(tt);
-    } else {
-      missing_.push_back(j);
+      t = std::max({t, ready_[c], t_d2h_}) + copy_ns(params_.link.d2h_bytes_per_s / std::max(1.0, params_.fault_slowdown), kChunkBytes);
+      t_d2h_ = t;
+      stats_.d2h_bytes += kChunkBytes;
+      ++stats_.faults;
+      leave(c);
+      ++stats_.chunks_evicted;
+      state_[c] = cpu;
+    } else if (state_[c] == fresh) {
+      state_[c] = cpu;
     }
   }
-  stats_.wait_ns += ready - t0;
-  std::uint64_t t = ready, faults = collapse_faults, fault_copy = 0;
+  t_compute_ = t;
+}
+
+// Touch `j` of the kernel: on a resident chunk, over the link (advice), or missing.
+void SimBackend::serve_touch(std::uint32_t j, KernelTraffic& traffic) {
+  const ChunkTouch& tt = trace_.touches.data()[j];
+  std::uint32_t c = tt.chunk;
+  std::uint8_t f = flags_[c];
+  if (state_[c] == gpu) {
+    touch_resident(tt, f, traffic);
+  } else if ((f & prefer_cpu) || ((f & accessed_by) && state_[c] == cpu)) {
+    serve_remotely(tt, traffic);
+  } else {
+    missing_.push_back(j);
+  }
+}
+
+// A touch of a resident chunk (flags `f`): the kernel waits for its data.
+void SimBackend::touch_resident(const ChunkTouch& tt, std::uint8_t f, KernelTraffic& traffic) {
+  std::uint32_t c = tt.chunk;
+  if (ready_[c] > traffic.ready) traffic.ready = ready_[c];
+  // A write to a read-mostly copy faults (it is mapped read-only) and the driver collapses
+  // the copies: the CPU's is invalidated, no data moves.
+  if (tt.write && (f & read_mostly) && !(f & dirty)) {
+    traffic.collapse_faults += (tt.write_bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
+    ++stats_.collapses;
+    if (faults_taken_) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes, true});
+  }
+  if (f & unused_prefetch) {
+    stats_.prefetch_used_bytes += kChunkBytes;
+    flags_[c] = f & static_cast<std::uint8_t>(~unused_prefetch);
+  }
+}
+
+// A touch served over the link: its reads come in, its writes go out; a chunk never touched
+// before is then made on the host (its pages are created where they are touched).
+void SimBackend::serve_remotely(const ChunkTouch& tt, KernelTraffic& traffic) {
+  traffic.remote_in += tt.read_bytes;
+  traffic.remote_out += tt.write_bytes;
+  if (state_[tt.chunk] == fresh) state_[tt.chunk] = cpu;
+}
+
+// The missing chunks: each takes a slot and faults in (a fresh one is only created), in
+// batches of faults; returns when the kernel's faults are serviced.
+std::uint64_t SimBackend::service_faults(KernelTraffic& traffic) {
+  const ChunkTouch* touches = trace_.touches.data();
+  std::uint64_t t = traffic.ready, faults = traffic.collapse_faults, fault_copy = 0;
   for (std::uint32_t j : missing_) {
     const ChunkTouch& tt = touches[j];
     std::uint32_t c = tt.chunk;
     std::uint64_t slot = acquire_slot(t);
     if (slot == kNoSlot) {  // the kernel's footprint exceeds the GPU: the rest is served remotely
-      remote(tt);
+      serve_remotely(tt, traffic);
       continue;
     }
     t = std::max(t, slot);
@@ -300,23 +330,34 @@ void SimBackend::run(std::uint32_t index) {
     stats_.h2d_bytes += fault_copy;
     fault_in_bytes_ += fault_copy;
   }
-  stats_.fault_stall_ns += t - ready;
-  if (record_spans_ && t > ready) spans_.push_back({Span::fault, 0, ready, t - ready});
-  // Remote reads and writes cross the link on its copy engines, after what each was already
-  // doing; the kernel runs when they are done (DESIGN §5: it slows by the bytes it touches
-  // remotely over the link's bandwidth).
+  stats_.fault_stall_ns += t - traffic.ready;
+  if (record_spans_ && t > traffic.ready) spans_.push_back({Span::fault, 0, traffic.ready, t - traffic.ready});
+  return t;
+}
+
+// Remote reads and writes cross the link on its copy engines, after what each was already
+// doing; the kernel runs when they are done (it slows by the bytes it touches remotely over
+// the link's bandwidth). Returns when they are.
+std::uint64_t SimBackend::copy_remote(std::uint64_t t, const KernelTraffic& traffic) {
   std::uint64_t remote_done = t;
-  if (remote_in > 0) {
-    t_h2d_ = std::max(t, t_h2d_) + copy_ns(params_.link.h2d_bytes_per_s * std::min(1.0, params_.remote_efficiency), remote_in);
+  if (traffic.remote_in > 0) {
+    t_h2d_ = std::max(t, t_h2d_) + copy_ns(params_.link.h2d_bytes_per_s * std::min(1.0, params_.remote_efficiency), traffic.remote_in);
     remote_done = std::max(remote_done, t_h2d_);
   }
-  if (remote_out > 0) {
-    t_d2h_ = std::max(t, t_d2h_) + copy_ns(params_.link.d2h_bytes_per_s * std::min(1.0, params_.remote_efficiency), remote_out);
+  if (traffic.remote_out > 0) {
+    t_d2h_ = std::max(t, t_d2h_) + copy_ns(params_.link.d2h_bytes_per_s * std::min(1.0, params_.remote_efficiency), traffic.remote_out);
     remote_done = std::max(remote_done, t_d2h_);
   }
-  stats_.remote_bytes += remote_in + remote_out;
-  stats_.h2d_bytes += remote_in;
-  stats_.d2h_bytes += remote_out;
+  stats_.remote_bytes += traffic.remote_in + traffic.remote_out;
+  stats_.h2d_bytes += traffic.remote_in;
+  stats_.d2h_bytes += traffic.remote_out;
+  return remote_done;
+}
+
+// The kernel computes from `remote_done` (its span starts at `t`, when its faults are
+// serviced); the chunks it writes are dirty.
+void SimBackend::finish_kernel(const KernelRecord& k, std::uint64_t t, std::uint64_t remote_done) {
+  const ChunkTouch* touches = trace_.touches.data();
   std::uint64_t end = remote_done + k.dur_ns;
   if (record_spans_) spans_.push_back({Span::compute, k.name, t, end - t});
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {

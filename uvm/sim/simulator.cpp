@@ -81,11 +81,11 @@ CellResult run_cell(const CompiledTrace& trace, const std::string& policy_text, 
   return r;
 }
 
-CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,
-                    std::vector<Span>* spans, const LowerBound* bound_given) {
-  const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
-  const std::string policy_name(policy->name());
-  SimBackend backend(trace, params, spans != nullptr);
+namespace {
+
+// The shim's settings for a simulated run: the GPU's capacity as the budget, no cap on
+// managed memory, errors only in the log.
+Config cell_config(const std::string& policy_name, const SimParams& params, std::uint64_t capacity_chunks) {
   Config config;
   config.policy = policy_name;
   config.budget = SizeSetting{capacity_chunks * kChunkBytes, 0.0, false};
@@ -93,50 +93,63 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   config.log_level = LogLevel::error;
   config.state_memory = params.state_memory_bytes;
   config.suballocator = false;  // (the trace was placed at compilation: the `spillway` view carved it with the same sub-allocator)
-  Engine engine(config, backend, std::move(policy));
+  return config;
+}
 
-  std::uint64_t launch_seq = 0;
-  std::size_t op_no = 0, kernel_no = 0, block_no = 0;
-  for (const Op& op : trace.ops) {
-    // What the walk has passed goes from memory (it stays in the trace's spill files).
-    if ((++op_no & 0xffff) == 0) trace.release_behind(op_no - 1, kernel_no, block_no);
-    if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) kernel_no = op.index;
-    if (op.kind == Op::Kind::alloc) block_no = op.index;
+// Plays the trace's ops: the Engine sees each alloc, free and kernel launch as the shim
+// would, the SimBackend runs each kernel and host event.
+class OpPlayer {
+ public:
+  OpPlayer(const CompiledTrace& trace, Engine& engine, SimBackend& backend) : trace_(trace), engine_(engine), backend_(backend) {}
+
+  void play(const Op& op) {
     switch (op.kind) {
-      case Op::Kind::alloc: {
-        backend.expect_block(op.index);
-        std::uint64_t addr = 0;
-        Result r = engine.allocate(trace.blocks[op.index].bytes, AllocKind::alloc, 0, &addr);
-        if (!r.ok() || addr != trace.blocks[op.index].addr) {
-          throw std::logic_error(fmt::format("simulator: allocation of block {} failed", op.index));
-        }
-        break;
-      }
+      case Op::Kind::alloc: allocate(op.index); break;
       case Op::Kind::free: {
         bool ours = false;
-        engine.release(trace.blocks[op.index].addr, std::nullopt, &ours);
+        engine_.release(trace_.blocks[op.index].addr, std::nullopt, &ours);
         break;
       }
-      case Op::Kind::kernel: {
-        const KernelRecord& k = trace.kernels[op.index];
-        Launch l;
-        l.seq = launch_seq++;
-        l.name = trace.names[k.name];
-        l.exec_id = k.exec_id;
-        l.accesses = std::span<const Access>(trace.accesses.data() + k.access_begin, k.access_end - k.access_begin);
-        l.dur_ns = k.dur_ns;
-        l.now_ns = backend.now();
-        l.writes_known = trace.allocator != AllocatorView::pytorch;
-        engine.launch(l);
-        backend.begin_launch(l.seq);
-        backend.run(op.index);
-        break;
-      }
-      case Op::Kind::host: backend.run(op.index); break;
+      case Op::Kind::kernel: launch(op.index); break;
+      case Op::Kind::host: backend_.run(op.index); break;
       case Op::Kind::iter: break;
     }
   }
 
+ private:
+  void allocate(std::uint32_t block) {
+    backend_.expect_block(block);
+    std::uint64_t addr = 0;
+    Result r = engine_.allocate(trace_.blocks[block].bytes, AllocKind::alloc, 0, &addr);
+    if (!r.ok() || addr != trace_.blocks[block].addr) {
+      throw std::logic_error(fmt::format("simulator: allocation of block {} failed", block));
+    }
+  }
+
+  void launch(std::uint32_t kernel) {
+    const KernelRecord& k = trace_.kernels[kernel];
+    Launch l;
+    l.seq = launch_seq_++;
+    l.name = trace_.names[k.name];
+    l.exec_id = k.exec_id;
+    l.accesses = std::span<const Access>(trace_.accesses.data() + k.access_begin, k.access_end - k.access_begin);
+    l.dur_ns = k.dur_ns;
+    l.now_ns = backend_.now();
+    l.writes_known = trace_.allocator != AllocatorView::pytorch;
+    engine_.launch(l);
+    backend_.begin_launch(l.seq);
+    backend_.run(kernel);
+  }
+
+  const CompiledTrace& trace_;
+  Engine& engine_;
+  SimBackend& backend_;
+  std::uint64_t launch_seq_ = 0;
+};
+
+// The cell's result once its ops are played: what it ran, the bound, the counters.
+CellResult cell_result(const CompiledTrace& trace, const std::string& policy_name, const SimParams& params,
+                       SimBackend& backend, const Engine& engine, const LowerBound* bound_given) {
   CellResult r;
   r.trace = trace.name;
   r.policy = policy_name;
@@ -151,6 +164,21 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   r.min_fetch = bound.min_fetch;
   r.sim = backend.stats();
   r.engine = engine.stats();
+  return r;
+}
+
+}  // namespace
+
+CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,
+                    std::vector<Span>* spans, const LowerBound* bound_given) {
+  const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
+  const std::string policy_name(policy->name());
+  SimBackend backend(trace, params, spans != nullptr);
+  Engine engine(cell_config(policy_name, params, capacity_chunks), backend, std::move(policy));
+  OpPlayer player(trace, engine, backend);
+  // (What the walk has passed goes from memory: it stays in the trace's spill files.)
+  for_each_op(trace, [&](const Op& op) { player.play(op); });
+  CellResult r = cell_result(trace, policy_name, params, backend, engine, bound_given);
   if (spans != nullptr) *spans = backend.take_spans();
   return r;
 }

@@ -422,62 +422,79 @@ void Reader::parse_event(const std::string& text, Event& ev) {
   if (kind == o.end()) fail("missing field \"ev\" (the event type)");
   if (!kind->is_string()) fail("\"ev\" must be a string");
   const std::string& k = kind->get_ref<const std::string&>();
-  auto bad = [this](const std::string& m) { fail(m); };
   ev.line = line_;
   ev.has_addr = false;
   if (k == "alloc") {
-    ev.kind = EventKind::alloc;
-    ev.id = get_uint(o, "id", bad);
-    ev.bytes = get_uint(o, "bytes", bad);
-    if (ev.bytes == 0) fail("\"bytes\" must be positive");
-    if (ev.bytes > kMaxBlockBytes) fail(fmt::format("\"bytes\" {} exceeds the 16 TiB ({}) a block may have", ev.bytes, kMaxBlockBytes));
-    if (auto a = o.find("addr"); a != o.end() && !a->is_null()) {
-      ev.addr = get_uint(o, "addr", bad);
-      ev.has_addr = true;
-    }
-    auto s = o.find("kind");
-    ev.alloc_kind = (s != o.end() && s->is_string()) ? s->get<std::string>() : std::string();
-    s = o.find("site");
-    ev.site = (s != o.end() && s->is_string()) ? s->get<std::string>() : std::string();
-    if (!live_.emplace(ev.id, ev.bytes).second) fail(fmt::format("block {} is allocated again while still live", ev.id));
+    parse_alloc(o, ev);
   } else if (k == "free") {
-    ev.kind = EventKind::free;
-    ev.id = get_uint(o, "id", bad);
-    auto it = live_.find(ev.id);
-    if (it == live_.end()) fail(fmt::format("free of block {}, which is not live (never allocated or already freed)", ev.id));
-    ev.bytes = it->second;
-    live_.erase(it);
+    parse_free(o, ev);
   } else if (k == "kernel") {
-    ev.kind = EventKind::kernel;
-    auto name = o.find("name");
-    if (name == o.end()) fail("missing field \"name\"");
-    if (!name->is_string()) fail("\"name\" must be a string");
-    ev.name = name->get<std::string>();
-    auto dur = o.find("dur_ns");
-    if (dur == o.end()) fail("missing field \"dur_ns\"");
-    if (dur->is_number_unsigned()) {
-      ev.dur_ns = dur->get<std::uint64_t>();
-    } else if (dur->is_number_float() && std::isfinite(dur->get<double>()) && dur->get<double>() >= 0 &&
-               dur->get<double>() < 1.8e19) {
-      ev.dur_ns = static_cast<std::uint64_t>(std::llround(dur->get<double>()));
-    } else {
-      fail(fmt::format("\"dur_ns\" must be a non-negative number of nanoseconds, not {} ({})", type_name(*dur), shown(*dur)));
-    }
-    if (ev.dur_ns > kMaxKernelNs) fail(fmt::format("\"dur_ns\" {} exceeds the 2^50 ns (about 13 days) a kernel may take", ev.dur_ns));
-    ev.stream = 0;
-    if (auto s = o.find("stream"); s != o.end() && !s->is_null()) ev.stream = get_uint(o, "stream", bad);
-    parse_ranges(o, "reads", ev.reads);
-    parse_ranges(o, "writes", ev.writes);
+    parse_kernel(o, ev);
   } else if (k == "host") {
     ev.kind = EventKind::host;
     parse_ranges(o, "reads", ev.reads);
     parse_ranges(o, "writes", ev.writes);
   } else if (k == "iter") {
     ev.kind = EventKind::iter;
-    ev.n = get_uint(o, "n", bad);
+    ev.n = uint_field(o, "n");
   } else {
     fail(fmt::format("unknown event type \"{}\" (expected alloc, free, kernel, host or iter)", k));
   }
+}
+
+std::uint64_t Reader::uint_field(const json& o, const char* field) {
+  return get_uint(o, field, [this](const std::string& m) { fail(m); });
+}
+
+void Reader::parse_alloc(const json& o, Event& ev) {
+  ev.kind = EventKind::alloc;
+  ev.id = uint_field(o, "id");
+  ev.bytes = uint_field(o, "bytes");
+  if (ev.bytes == 0) fail("\"bytes\" must be positive");
+  if (ev.bytes > kMaxBlockBytes) fail(fmt::format("\"bytes\" {} exceeds the 16 TiB ({}) a block may have", ev.bytes, kMaxBlockBytes));
+  if (auto a = o.find("addr"); a != o.end() && !a->is_null()) {
+    ev.addr = uint_field(o, "addr");
+    ev.has_addr = true;
+  }
+  auto s = o.find("kind");
+  ev.alloc_kind = (s != o.end() && s->is_string()) ? s->get<std::string>() : std::string();
+  s = o.find("site");
+  ev.site = (s != o.end() && s->is_string()) ? s->get<std::string>() : std::string();
+  if (!live_.emplace(ev.id, ev.bytes).second) fail(fmt::format("block {} is allocated again while still live", ev.id));
+}
+
+void Reader::parse_free(const json& o, Event& ev) {
+  ev.kind = EventKind::free;
+  ev.id = uint_field(o, "id");
+  auto it = live_.find(ev.id);
+  if (it == live_.end()) fail(fmt::format("free of block {}, which is not live (never allocated or already freed)", ev.id));
+  ev.bytes = it->second;
+  live_.erase(it);
+}
+
+void Reader::parse_kernel(const json& o, Event& ev) {
+  ev.kind = EventKind::kernel;
+  auto name = o.find("name");
+  if (name == o.end()) fail("missing field \"name\"");
+  if (!name->is_string()) fail("\"name\" must be a string");
+  ev.name = name->get<std::string>();
+  ev.dur_ns = parse_duration(o);
+  if (ev.dur_ns > kMaxKernelNs) fail(fmt::format("\"dur_ns\" {} exceeds the 2^50 ns (about 13 days) a kernel may take", ev.dur_ns));
+  ev.stream = 0;
+  if (auto s = o.find("stream"); s != o.end() && !s->is_null()) ev.stream = uint_field(o, "stream");
+  parse_ranges(o, "reads", ev.reads);
+  parse_ranges(o, "writes", ev.writes);
+}
+
+// "dur_ns": a non-negative integer, or a finite non-negative number below 1.8e19, rounded.
+std::uint64_t Reader::parse_duration(const json& o) {
+  auto dur = o.find("dur_ns");
+  if (dur == o.end()) fail("missing field \"dur_ns\"");
+  if (dur->is_number_unsigned()) return dur->get<std::uint64_t>();
+  if (dur->is_number_float() && std::isfinite(dur->get<double>()) && dur->get<double>() >= 0 && dur->get<double>() < 1.8e19) {
+    return static_cast<std::uint64_t>(std::llround(dur->get<double>()));
+  }
+  fail(fmt::format("\"dur_ns\" must be a non-negative number of nanoseconds, not {} ({})", type_name(*dur), shown(*dur)));
 }
 
 bool Reader::next(Event& event) {

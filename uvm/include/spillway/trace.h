@@ -1,4 +1,4 @@
-// Trace format v1 (DESIGN §6, docs/trace-format.md): one JSON object per line, plain or
+// Trace format v1 (docs/trace-format.md): one JSON object per line, plain or
 // gzip-compressed. Line 1 is the header {"format":"spillway-trace","version":1,...}; every
 // other line is one event: alloc, free, kernel, host or iter. Unknown fields are ignored.
 //
@@ -122,7 +122,14 @@ class Reader {
   bool read_line(std::string& line);
   void read_header();
   [[noreturn]] void fail(const std::string& message) const;
+  // parse_event's steps: an event of each kind with fields, a required non-negative
+  // integer field, a kernel's duration.
   void parse_event(const std::string& text, Event& event);
+  void parse_alloc(const nlohmann::json& object, Event& event);
+  void parse_free(const nlohmann::json& object, Event& event);
+  void parse_kernel(const nlohmann::json& object, Event& event);
+  std::uint64_t uint_field(const nlohmann::json& object, const char* field);
+  std::uint64_t parse_duration(const nlohmann::json& object);
   void parse_ranges(const nlohmann::json& object, const char* field, std::vector<Range>& out);
 
   std::string path_;

@@ -1,5 +1,5 @@
 // A trace prepared for simulation: every block placed at the address a caching allocator
-// would give it (DESIGN §5), every kernel's footprint as address ranges (what a Policy
+// would give it (docs/simulator.md, "The model"), every kernel's footprint as address ranges (what a Policy
 // sees) and as per-chunk touches (what the simulated GPU needs), the peak footprint, the
 // future as the oracle and the lower bound see it. Compiled once per trace, then shared
 // read-only by any number of simulations (thread-safe to read).
@@ -64,20 +64,21 @@ struct Op {
   std::uint32_t index;  // alloc/free: block (alloc sequence); kernel/host: kernel record; iter: n
 };
 
-// What the Engine and the Policy see of a trace's blocks (issue 12): `none`, one block per
-// trace id, each on chunks of its own, every free seen (today's view); `pytorch`, what the
-// shim sees under PyTorch's caching allocator (caching_allocator.h): the segments it
-// cudaMallocs, never freed, and each kernel's footprint as the launch hook infers it from
-// pointers into them (spillway/footprint.h); `spillway`, what the shim sees of a framework
-// in its per-tensor mode (spillway run): every tensor a block with its exact extent and its
-// free, placed by the shim's own sub-allocator (spillway/sub_allocator.h, the same code) in
-// ranges of Engine::kRangeBytes, so small tensors share chunks; a freed range is reused at
-// once (the simulated kernels before a free have completed, so the shim's fence after it
-// would have too) and a chunk no live block holds any more is dropped at no cost (the shim's
-// discard). The simulated GPU charges the trace's true accesses in every view (the tensors'
-// bytes, wherever the view places them). `pytorch-exact`: `pytorch` with each kernel's
-// accesses its tensors' true ranges instead of the scan's guess — what perfect extent
-// learning would reach under the cache (the dead data and the missing frees remain).
+// What the Engine and the Policy see of a trace's blocks (docs/simulator.md, "Allocator
+// views"): `none`, one block per trace id, each on chunks of its own, every free seen (today's
+// view); `pytorch`, what the shim sees under PyTorch's caching allocator
+// (caching_allocator.h): the segments it cudaMallocs, never freed, and each kernel's footprint
+// as the launch hook infers it from pointers into them (spillway/footprint.h); `spillway`,
+// what the shim sees of a framework in its per-tensor mode (spillway run): every tensor a
+// block with its exact extent and its free, placed by the shim's own sub-allocator
+// (spillway/sub_allocator.h, the same code) in ranges of Engine::kRangeBytes, so small tensors
+// share chunks; a freed range is reused at once (the simulated kernels before a free have
+// completed, so the shim's fence after it would have too) and a chunk no live block holds any
+// more is dropped at no cost (the shim's discard). The simulated GPU charges the trace's true
+// accesses in every view (the tensors' bytes, wherever the view places them). `pytorch-exact`:
+// `pytorch` with each kernel's accesses its tensors' true ranges instead of the scan's guess —
+// what perfect extent learning would reach under the cache (the dead data and the missing
+// frees remain).
 enum class AllocatorView { none, pytorch, spillway, pytorch_exact };
 const char* to_string(AllocatorView view);
 // "none", "pytorch", "spillway" or "pytorch-exact"; nullopt otherwise.
@@ -111,6 +112,20 @@ struct CompiledTrace {
   void release_behind(std::size_t op, std::size_t kernel, std::size_t block) const;
 };
 
+// Calls f(op) for each op of `trace` in order, dropping the memory of what the walk has
+// passed every 65 536 ops (CompiledTrace::release_behind); what lies behind the last op is
+// the caller's to release.
+template <typename F>
+void for_each_op(const CompiledTrace& trace, F&& f) {
+  std::size_t op_no = 0, kernel_no = 0, block_no = 0;
+  for (const Op& op : trace.ops) {
+    if ((++op_no & 0xffff) == 0) trace.release_behind(op_no - 1, kernel_no, block_no);
+    if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) kernel_no = op.index;
+    if (op.kind == Op::Kind::alloc) block_no = op.index;
+    f(op);
+  }
+}
+
 // Compiles a trace. Addresses: a trace's `addr` is ignored (the trace's own addresses came
 // from another process); every block gets whole 2 MiB chunks of its own, freed ranges are
 // reused best-fit (smallest free range that fits, lowest address among equals; adjacent free
@@ -124,7 +139,7 @@ CompiledTrace compile(const trace::Trace& trace, AllocatorView view = AllocatorV
 // Reads (trace::read_trace) and compiles. Throws trace::TraceError.
 CompiledTrace compile_file(const std::string& path, AllocatorView view = AllocatorView::none);
 
-// MIN_H2D of the lower bound (issue 3 §5): the misses under Belady's MIN with bypass at
+// MIN_H2D of the lower bound (docs/simulator.md, "The lower bound"): the misses under Belady's MIN with bypass at
 // `capacity_chunks`, over the kernels' chunk touches that read, in order (a touch that only
 // writes needs no data: it may be written remotely; a next use is the next kernel touch that
 // reads). The first touch of a chunk after its block's alloc is free; a freed block's chunks

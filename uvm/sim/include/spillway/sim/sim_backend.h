@@ -1,4 +1,4 @@
-// SimBackend: the Engine's Backend over a simulated GPU (DESIGN §5, docs/simulator.md).
+// SimBackend: the Engine's Backend over a simulated GPU (docs/simulator.md, "The model").
 // Time is simulated, in ns. One compute stream runs kernels in trace order; one H2D and one
 // D2H copy engine each move data in issue order at the link's bandwidth, overlapping compute:
 // H2D carries prefetches, fault migrations and remote reads; D2H carries write-backs, remote
@@ -127,6 +127,17 @@ class SimBackend final : public Backend {
   void evict(std::uint32_t c, std::uint64_t now);
   void note_occupancy();
   std::uint64_t copy_ns(double bytes_per_s, std::uint64_t bytes) const;
+  // The steps of run(): a host event; for a kernel, each touch served where its chunk is
+  // (resident, remote) or queued as missing, the missing chunks' faults, the remote copies,
+  // the kernel itself.
+  struct KernelTraffic;  // sim_backend.cpp
+  void run_host(const KernelRecord& k);
+  void serve_touch(std::uint32_t j, KernelTraffic& traffic);
+  void touch_resident(const ChunkTouch& tt, std::uint8_t f, KernelTraffic& traffic);
+  void serve_remotely(const ChunkTouch& tt, KernelTraffic& traffic);
+  std::uint64_t service_faults(KernelTraffic& traffic);
+  std::uint64_t copy_remote(std::uint64_t t, const KernelTraffic& traffic);
+  void finish_kernel(const KernelRecord& k, std::uint64_t t, std::uint64_t remote_done);
 
   const CompiledTrace& trace_;
   SimParams params_;
