@@ -1,6 +1,7 @@
-// The Engine (DESIGN §3): the allocation table, the GPU budget, the host cap, deferred
-// stream-ordered frees and the statistics; it asks its Policy what to do and tells its
-// Backend to do it. The shim runs one Engine over a CudaBackend; the simulator runs one over
+// The Engine (docs/design.md): it composes the allocation table, the device plans (GPU
+// budgets, residency), the host cap, the sub-allocator, deferred stream-ordered frees and the
+// free <-> move ordering, each a piece owning its state; it asks its Policies what to do and
+// tells its Backend to do it. The shim runs one Engine over a CudaBackend; the simulator runs one over
 // a SimBackend.
 #pragma once
 
@@ -18,18 +19,23 @@
 #include <utility>
 #include <vector>
 
+#include "spillway/address_span.h"
 #include "spillway/allocation_table.h"
 #include "spillway/backend.h"
 #include "spillway/config.h"
+#include "spillway/deferred_frees.h"
+#include "spillway/device_plans.h"
+#include "spillway/fault_router.h"
 #include "spillway/fenced_suballocator.h"
 #include "spillway/managed_cap.h"
 #include "spillway/outside_memory.h"
+#include "spillway/plan_order.h"
 #include "spillway/policy.h"
 #include "spillway/release_gate.h"
 
 namespace spillway {
 
-// One device's plan (issue 15 item 1): its budget, residency and moves. Bytes are bytes,
+// One device's plan ("One plan per device" below): its budget, residency and moves. Bytes are bytes,
 // counts are events.
 struct DeviceStats {
   int device = 0;                             // the CUDA device ordinal (cuCtxGetDevice)
@@ -107,7 +113,7 @@ class EngineObserver {
   virtual void on_launch(const Launch& launch) = 0;
 };
 
-// One plan per device (issue 15 item 1). A block belongs to the device current when it was
+// One plan per device. A block belongs to the device current when it was
 // allocated (Backend::current_device); each device the program allocates or launches on gets
 // a plan of its own when it is first current: a Policy instance, a residency plan, a budget
 // (min(that device's free memory, SPILLWAY_BUDGET), read then) and its statistics. A launch is
@@ -123,7 +129,7 @@ class EngineObserver {
 class Engine {
  public:
   // A new Policy instance, for each device's plan.
-  using PolicyFactory = std::function<std::unique_ptr<Policy>()>;
+  using PolicyFactory = spillway::PolicyFactory;
   // `policy` must not be null. It serves the first device's plan; without a factory no other
   // device gets one (allocations made on another device are passed through:
   // Status::not_supported, and launches there are left to the driver). Nothing is asked of
@@ -148,7 +154,7 @@ class Engine {
   bool started() const { return start_state_.load(std::memory_order_acquire) != 0; }
   // The first device the Engine plans for (the one current at start()); -1 before a
   // successful start(). Lock-free.
-  int device() const { return start_state_.load(std::memory_order_acquire) == 1 ? device_ : -1; }
+  int device() const { return start_state_.load(std::memory_order_acquire) == 1 ? plans_.first_device() : -1; }
   // Whether `device` has a plan now. Lock-free.
   bool plans_device(int device) const;
 
@@ -187,14 +193,14 @@ class Engine {
   // False when `addr` lies outside [lowest base, highest end) of every block ever
   // allocated: a lock-free first filter for the launch hook's argument scan.
   bool maybe_managed(std::uint64_t addr) const {
-    return addr >= lo_.load(std::memory_order_relaxed) && addr < hi_.load(std::memory_order_relaxed);
+    return span_.maybe_contains(addr);
   }
 
   // Installs the observer (nullptr: none). Set it before the first allocation; it must
   // outlive the Engine's use.
   void set_observer(EngineObserver* observer) { observer_.store(observer, std::memory_order_release); }
 
-  // A kernel launch (issue 3, DESIGN §3-4), planned on the launching device's plan
+  // A kernel launch (docs/design.md, "One launch"), planned on the launching device's plan
   // (Launch::device, opened now if it is the current device and has none; -1: the first
   // device): that device's Policy sees it first (on_launch). For a
   // policy that manages residency the Engine then keeps its per-2-MiB-chunk residency plan:
@@ -308,10 +314,10 @@ class Engine {
   void set_cap_wait(std::chrono::milliseconds wait) { cap_.set_wait(wait); }
   std::chrono::milliseconds cap_wait() const { return cap_.wait(); }
 
-  bool suballocating() const { return suballocate_.load(std::memory_order_relaxed); }
+  bool suballocating() const { return sub_.enabled(); }
   // Whether launches should be bracketed for fault feedback (Backend::begin_launch): the
   // policy learns from faults and SPILLWAY_FAULT_FEEDBACK is on. Lock-free.
-  bool wants_fault_feedback() const { return wants_faults_; }
+  bool wants_fault_feedback() const { return plans_.facts().wants_faults && config_.fault_feedback; }
   // Whether `addr` lies in one of the sub-allocator's ranges (live block or not). Thread-safe.
   bool in_suballocator_range(std::uint64_t addr);
 
@@ -343,142 +349,141 @@ class Engine {
   std::optional<Stats> stats_within(std::chrono::milliseconds wait) const;
 
  private:
-  struct PendingFree {
-    std::uint64_t addr;
-    std::uint64_t bytes;
-    std::uint64_t claim;  // its release claim's token
-    StreamHandle stream;
-    EventHandle event;  // 0 while the stream was capturing
-    bool retry = false;       // the driver refused the release: try it again
-    int failed_attempts = 0;  // reclaims at which the driver refused it
-    std::uint16_t context = 0;  // the block's (Block::context)
-  };
+  // Locks (docs/design.md, "The lock order"): DevicePlans' lock (opening a plan) is taken
+  // before mutex_ and never under it; mutex_, the planning lock, guards the plans' Policies,
+  // residency and counters, counters_, fault routing and own_state_; under it only leaves are
+  // taken (the allocation table's shared lock, FencedSubAllocator's try_lock, DeferredFrees',
+  // ReleaseGate's, OutsideMemory's and the Backend's own locks). No lock is held across a
+  // Backend call that may wait for the device.
   static constexpr int kMaxReleaseAttempts = 3;
-  void release_deferred(PendingFree& p);
   class EngineActions;
   struct Action;
-  static Result send(Backend& backend, const Action& action, int device);
-  struct DevicePlan;
-  // Counts a carried-out action on `plan` (nullptr: none) and in the totals.
-  void count_action(DevicePlan* plan, const Action& action, const Result& result);
-  void count_move(DevicePlan& plan, Location to, std::uint64_t bytes, const Result& result);  // with mutex_ held
   struct Move {
     ChunkIndex chunk;
     Location to;
     // The live block the plan moved the chunk for, when it knew it ([base, end); both 0 when
     // unknown): a run of moves that this block covers wholly needs no allocation-table
-    // look-up in carry_out(), unless a block may have been freed since (frees_started_).
+    // look-up in carry_out(), unless a block may have been freed since (frees_at_plan).
     std::uint64_t base = 0, end = 0;
   };
-  // With `held`, the launch is in flight: the resident chunks of its footprint are held and
-  // appended there (released by end_launch).
-  void plan_launch(DevicePlan& plan, const Launch& launch, const EngineActions& actions, std::vector<Move>& moves,
-                   std::vector<ChunkIndex>* held = nullptr);
+  struct LaunchPlan;  // one launch's plan, made under mutex_ and carried out after it
+
+  // The allocation path's steps.
+  Result refuse(std::uint64_t bytes, AllocKind kind);  // over SPILLWAY_MAX_MANAGED: counted, logged
+  Result allocate_direct(std::uint64_t bytes, std::uint64_t context_handle, std::uint64_t* base, std::uint16_t* context,
+                         AllocKind kind);
+  void track(const Block& block, DevicePlan& plan);  // into the table and the address span
+  void run_policy_alloc(const Block& block);
+  void note_over_budget();  // counts_.peak_over_budget, lock-free
+
+  // The launch path's steps (engine_launch.cpp).
   // The epoch kept in flight (0: none), and in *device the plan that keeps it.
   std::uint64_t run_launch(const Launch& launch, bool in_flight, int* device = nullptr);
+  // Under mutex_: counts the launch, shows it to the observer, and makes its plan on
+  // `plan_ptr` (nullptr: no plan for its device; counted, warned once, nothing planned).
+  void make_launch_plan(DevicePlan* plan_ptr, const Launch& launch, bool in_flight, LaunchPlan& out);
+  // The Policy's faults since the last launch, then the launch's footprint as it refines it.
+  Launch refined_launch(DevicePlan& plan, const Launch& launch);
   void end_launch(int device, std::uint64_t epoch);
-  void wait_for_turn(std::uint64_t turn);  // until the plans made before plan `turn` are carried out
+  // With `held`, the launch is in flight: the resident chunks of its footprint are held and
+  // appended there (released by end_launch). Steps: pin what is resident, the Policy's
+  // evictions, the missing footprint, the Policy's prefetches.
+  void plan_launch(DevicePlan& plan, const Launch& launch, const EngineActions& actions, std::vector<Move>& moves,
+                   std::vector<ChunkIndex>* held = nullptr);
+  void pin_footprint(DevicePlan& plan, const Launch& launch, std::vector<ChunkIndex>* held);
+  void plan_policy_evictions(DevicePlan& plan, const EngineActions& actions, std::vector<Move>& moves);
+  void fetch_missing(DevicePlan& plan, const Launch& launch, const AllocationTable::Reader& table, std::vector<Move>& moves,
+                     std::vector<ChunkIndex>* held);
+  void fetch_policy_prefetches(DevicePlan& plan, const EngineActions& actions, const AllocationTable::Reader& table,
+                               std::vector<Move>& moves);
+  // Makes chunk `c` resident on `plan` (pinned; held too with `hold`), evicting to make room:
+  // false when no room can be made (the fetch is dropped, counted). `block`: the live block
+  // it belongs to, when known.
+  bool fetch_chunk(DevicePlan& plan, ChunkIndex c, const Block* block, bool hold, std::vector<Move>& moves);
   bool make_room(DevicePlan& plan, std::vector<Move>& moves);
   // Takes resident chunk `c` out of `plan` and queues its move to the host.
   void plan_eviction(DevicePlan& plan, ChunkIndex c, std::vector<Move>& moves);
   // `c` is planned onto `plan`'s device: it leaves any other device's plan (the prefetch
   // there moves it). With mutex_ held.
   void leave_other_plans(const DevicePlan& plan, ChunkIndex c);
-
-  // The plans, by device ordinal (kMaxDevices at most: the CUDA device ordinals a process sees).
-  // Each is opened once, by open_plan(), and lives as long as the Engine.
-  static constexpr int kMaxDevices = 64;
-  DevicePlan* plan_of(int device) const;  // nullptr: none (yet), or it could not open. Lock-free.
-  // The plan of `device`, opened now if it has none and `device` is the current device
-  // (driver calls: never with mutex_ held). nullptr when it cannot be.
-  DevicePlan* open_plan(int device);
-  std::unique_ptr<DevicePlan> read_plan(int device, std::unique_ptr<Policy> policy);  // with plans_mutex_ held
-  template <class F>
-  void for_each_plan(F&& fn) const;  // fn(DevicePlan&) for every plan open now, by ordinal
-  std::array<std::atomic<DevicePlan*>, kMaxDevices> plans_{};
-  std::mutex plans_mutex_;  // opening a plan
-  std::vector<std::unique_ptr<DevicePlan>> owned_plans_;  // guarded by plans_mutex_
-  std::array<bool, kMaxDevices> plan_failed_{};            // guarded by plans_mutex_
-  PolicyFactory make_policy_;              // empty: the first plan only
-  std::unique_ptr<Policy> first_policy_;   // for the first plan, until it opens
-  std::atomic<int> plan_count_{0};
-  // The device whose plan each recent launch went to, by seq % kSeqDevices (seq + 1, device):
-  // fault records name the launch they were taken by. Guarded by mutex_.
-  static constexpr std::size_t kSeqDevices = 4096;
-  std::vector<std::pair<std::uint64_t, int>> seq_devices_;
-  std::vector<FaultRecord> device_faults_scratch_;  // run_launch; guarded by mutex_
   // `frees_at_plan`: ReleaseGate::frees_at_plan() when the plan was made. Moves whose recorded
   // block may have been freed since are clipped to the blocks the table holds when they are
   // carried out.
   void carry_out(DevicePlan& plan, const EngineActions& actions, const std::vector<Move>& moves, bool planned,
                  std::uint64_t frees_at_plan = ReleaseGate::kFreeInProgress);
-
+  // One run of moves [i, j) (adjacent chunks, one way), clipped to the live blocks it
+  // overlaps. Returns the frees_started() to wait for before the next fetch (0: none).
+  std::uint64_t move_run(DevicePlan& plan, const std::vector<Move>& moves, std::size_t i, std::size_t j,
+                         std::uint64_t frees_at_plan);
   // A Policy's action, sent inside IssueSections, one piece per live block its range
-  // overlaps (clipped to the block).
-  // `plan`: the plan whose counters its moves count in (nullptr: none).
+  // overlaps (clipped to the block). `plan`: the plan whose counters its moves count in
+  // (nullptr: none).
   void send_checked(const Action& action, int device, DevicePlan* plan);
+  static Result send(Backend& backend, const Action& action, int device);
+  // Counts a carried-out action on `plan` (nullptr: none) and in the totals.
+  void count_action(DevicePlan* plan, const Action& action, const Result& result);
+  void count_move(DevicePlan& plan, Location to, std::uint64_t bytes, const Result& result);  // with mutex_ held
 
+  // The free path's steps (engine_free.cpp). Each takes over the release claim `claim`.
+  void release_carved(const Block& block, std::uint64_t claim, bool stream_ordered);
+  Result release_now(const Block& block, std::uint64_t claim);
+  void defer_release(const Block& block, std::uint64_t claim, StreamHandle stream, bool capturing);
+  void release_deferred(PendingFree& p);
+  // A deferred free whose stream's work may be done: released now, or kept (returns false).
+  bool reclaim_one(PendingFree& p, bool wait);
+  void finish_release(std::uint64_t bytes, bool deferred, bool unreserve_bytes = true);
+  void run_policy_free(const Block& block);
   // finish_context_end()'s parts: the context's blocks and its deferred frees (its ranges:
   // FencedSubAllocator::drop_context).
   void release_context_blocks(std::uint16_t context);
   void drop_context_frees(std::uint16_t context);
-  std::atomic<bool> suballocate_{false};  // config().suballocator, where the Backend has fences
 
-  void finish_release(std::uint64_t addr, std::uint64_t bytes, bool deferred, bool unreserve_bytes = true);
-  void run_policy_alloc(const Block& block);
-  void run_policy_free(const Block& block);
+  // The plan of `device`, opened now if it has none and `device` is the current device
+  // (DevicePlans::open: driver calls, never with mutex_ held). nullptr when it cannot be.
+  DevicePlan* open_plan(int device);
+  void init_counters();  // the constructors' common part
   Stats stats_locked() const;  // with mutex_ held
-  void note_over_budget();     // peak_over_budget_, lock-free
+  // Bounded state (SPILLWAY_STATE_MEMORY): the Engine's own tables' heap bytes, and after
+  // each launch's on_launch() the peak and the Policies' limits. With mutex_ held.
+  std::uint64_t own_state_bytes_locked() const;
+  void account_state_locked();
 
-  // Counted without the lock (the allocation path): merged into stats().
-  std::atomic<std::uint64_t> redirected_{0};
-  std::atomic<std::uint64_t> frees_count_{0};
-  std::atomic<std::uint64_t> frees_deferred_count_{0};
-  std::atomic<std::uint64_t> peak_over_budget_{0};
-  // The Policies' nature (the same for every plan's instance), read once from the first.
-  bool policy_sees_allocations_ = true;  // sees_allocations()
-  bool policy_manages_residency_ = false;
-  bool policy_wants_faults_ = false;
-  std::string policy_name_;
-  bool wants_faults_ = false;  // policy_wants_faults_ && config_.fault_feedback, fixed at construction
-  void init_policy_facts(const Policy& policy);
+  // Counted without the lock (the allocation and free paths): merged into stats().
+  struct LockFreeCounts {
+    std::atomic<std::uint64_t> redirected{0};
+    std::atomic<std::uint64_t> frees{0};
+    std::atomic<std::uint64_t> frees_deferred{0};
+    std::atomic<std::uint64_t> peak_over_budget{0};
+  };
+  // The bounded state's figures; guarded by mutex_ (sub_bytes: read when the sub-allocator's
+  // lock was free).
+  struct OwnState {
+    std::uint64_t tables_bytes = 0;  // the Engine's own tables, as last read
+    std::atomic<std::uint64_t> sub_bytes{0};
+    bool over_logged = false;
+  };
 
   Config config_;
   Backend& backend_;
   AllocationTable table_;
-
+  AddressSpan span_;  // every block ever allocated: maybe_managed()
+  std::atomic<std::uint64_t> next_id_{1};
+  OutsideMemory outside_;
+  DevicePlans plans_;  // (after config_, backend_ and outside_: it uses them)
   std::once_flag start_once_;
   std::atomic<int> start_state_{0};  // 0 not started, 1 usable, 2 not usable
   ManagedCap cap_;  // SPILLWAY_MAX_MANAGED: the bytes held under it and their peak
   FencedSubAllocator sub_{backend_, cap_};  // (after backend_ and cap_: it uses both)
-  int device_ = 0;
-
-  std::atomic<std::uint64_t> next_id_{1};
-  std::atomic<bool> has_pending_{false};
-  std::uint64_t plans_made_ = 0;                 // residency plans made; guarded by mutex_
-  std::atomic<std::uint64_t> plans_carried_{0};  // plans carried out, in order (wait_for_turn)
-  std::atomic<std::uint64_t> lo_{~0ull};
-  std::atomic<std::uint64_t> hi_{0};
-  std::atomic<EngineObserver*> observer_{nullptr};
-
-  OutsideMemory outside_;
-
+  DeferredFrees deferred_;  // direct blocks' stream-ordered frees
   ReleaseGate gate_;  // the free <-> move ordering: claims, issue sections, free counts
+  PlanOrder plan_order_;  // plans are carried out in the order they were made
+  std::atomic<EngineObserver*> observer_{nullptr};
+  LockFreeCounts counts_;
 
-  mutable std::mutex mutex_;  // guards the plans' Policies and residency, pending_ and the counters below
-  std::vector<PendingFree> pending_;
+  mutable std::mutex mutex_;  // the planning lock (above)
   Stats counters_;
-  // plan_launch: the launch's chunks not resident, with their access's index; guarded by mutex_
-  std::vector<std::pair<ChunkIndex, std::size_t>> missing_scratch_;
-  std::vector<FaultRecord> faults_scratch_;  // run_launch: the Backend's fault records; guarded by mutex_
-  // Bounded state (issue 17, SPILLWAY_STATE_MEMORY): the Engine's own tables' heap bytes as
-  // last read, and the sub-allocator's; guarded by mutex_ (sub_state_bytes_: written with
-  // sub_mutex_ held too).
-  std::uint64_t own_state_bytes_locked() const;
-  void account_state_locked();  // after each launch's on_launch(): the peak, the policy's limit
-  std::uint64_t own_state_bytes_ = 0;
-  std::atomic<std::uint64_t> sub_state_bytes_{0};
-  bool state_over_logged_ = false;
+  FaultRouter faults_;
+  OwnState own_state_;
 };
 
 }  // namespace spillway

@@ -39,6 +39,11 @@ class FencedSubAllocator {
 
   FencedSubAllocator(Backend& backend, ManagedCap& cap) : backend_(backend), cap_(cap) {}
 
+  // Whether the Engine carves its blocks here at all (config().suballocator, where the Backend
+  // has fences): set once, at the Engine's start. Lock-free.
+  void set_enabled(bool on) { enabled_.store(on, std::memory_order_relaxed); }
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+
   // The number of context `handle` (Backend::current_context), made if new: the lowest free
   // one, 1 and up; 0 when 65535 are in use.
   std::uint16_t context_number(std::uint64_t handle);
@@ -141,6 +146,7 @@ class FencedSubAllocator {
   std::atomic<std::uint64_t> discarded_bytes_{0};
   std::atomic<std::uint64_t> backend_errors_{0};
   std::atomic<bool> fences_pending_{false};
+  std::atomic<bool> enabled_{false};
 };
 
 }  // namespace spillway
