@@ -245,33 +245,33 @@ void disable_ours(const Api& a) {
   }
 }
 
-bool start_locked(int device) {
+// start_locked()'s steps. Each returns why the feedback stays off ("" when the step worked).
+std::string other_client_reason() {
   if (const char* inj = std::getenv("CUDA_INJECTION64_PATH"); inj != nullptr && *inj != '\0') {
-    set_off("off: another CUPTI client is injected (CUDA_INJECTION64_PATH)");
-    return false;
+    return "off: another CUPTI client is injected (CUDA_INJECTION64_PATH)";
   }
-  if (g_other_client.load()) {
-    set_off("off: another CUPTI client registered first");
-    return false;
-  }
+  if (g_other_client.load()) return "off: another CUPTI client registered first";
+  return "";
+}
+
+std::string resolve_api(Api& a) {
   void* h = open_cupti_library();  // (spillway/cupti_library.h)
-  if (h == nullptr) {
-    set_off(std::string("off: libcupti not found (") + kCuptiSearchText + ")");
-    return false;
-  }
-  Api a;
+  if (h == nullptr) return std::string("off: libcupti not found (") + kCuptiSearchText + ")";
   if (!resolve(h, "cuptiActivityRegisterCallbacks", a.register_callbacks) || !resolve(h, "cuptiActivityEnable", a.enable) ||
       !resolve(h, "cuptiActivityDisable", a.disable) || !resolve(h, "cuptiActivityFlushAll", a.flush_all) ||
       !resolve(h, "cuptiActivityGetNextRecord", a.next_record) ||
       !resolve(h, "cuptiActivityConfigureUnifiedMemoryCounter", a.configure_um) ||
       !resolve(h, "cuptiActivityPushExternalCorrelationId", a.push) ||
       !resolve(h, "cuptiActivityPopExternalCorrelationId", a.pop)) {
-    set_off("off: libcupti lacks an Activity API function");
-    return false;
+    return "off: libcupti lacks an Activity API function";
   }
   resolve(h, "cuptiActivityEnableDriverApi", a.enable_driver_api);
   resolve(h, "cuptiActivityEnableRuntimeApi", a.enable_runtime_api);
-  g_api = a;
+  return "";
+}
+
+// The unified-memory counters (GPU page faults, bytes each way) of `device`, and our buffers.
+std::string configure_counters(const Api& a, int device) {
   CUpti_ActivityUnifiedMemoryCounterConfig config[3] = {};
   const CUpti_ActivityUnifiedMemoryCounterKind counters[3] = {CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_GPU_PAGE_FAULT,
                                                               CUPTI_ACTIVITY_UNIFIED_MEMORY_COUNTER_KIND_BYTES_TRANSFER_HTOD,
@@ -283,26 +283,24 @@ bool start_locked(int device) {
     config[i].enable = 1;
   }
   CUptiResult r = a.configure_um(config, 3);
-  if (r != CUPTI_SUCCESS) {
-    set_off(fmt::format("off: cuptiActivityConfigureUnifiedMemoryCounter failed ({})", static_cast<int>(r)));
-    return false;
-  }
+  if (r != CUPTI_SUCCESS) return fmt::format("off: cuptiActivityConfigureUnifiedMemoryCounter failed ({})", static_cast<int>(r));
   r = a.register_callbacks(buffer_requested, buffer_completed);
-  if (r != CUPTI_SUCCESS) {
-    set_off(fmt::format("off: cuptiActivityRegisterCallbacks failed ({})", static_cast<int>(r)));
-    return false;
-  }
+  if (r != CUPTI_SUCCESS) return fmt::format("off: cuptiActivityRegisterCallbacks failed ({})", static_cast<int>(r));
+  return "";
+}
+
+std::string enable_kinds(const Api& a) {
   for (CUpti_ActivityKind kind : kKinds) {
-    r = a.enable(kind);
+    CUptiResult r = a.enable(kind);
     if (r != CUPTI_SUCCESS) {
       for (CUpti_ActivityKind k : kKinds) a.disable(k);
-      set_off(fmt::format("off: cuptiActivityEnable({}) failed ({})", static_cast<int>(kind), static_cast<int>(r)));
-      return false;
+      return fmt::format("off: cuptiActivityEnable({}) failed ({})", static_cast<int>(kind), static_cast<int>(r));
     }
   }
   // API records for the launch calls only, where CUPTI can restrict them; else every driver
   // and runtime call gets one (more overhead, same feedback).
   g_whole_api_kinds = a.enable_driver_api == nullptr || a.enable_runtime_api == nullptr;
+  CUptiResult r = CUPTI_SUCCESS;
   if (g_whole_api_kinds) {
     r = a.enable(CUPTI_ACTIVITY_KIND_DRIVER);
     if (r == CUPTI_SUCCESS) r = a.enable(CUPTI_ACTIVITY_KIND_RUNTIME);
@@ -316,7 +314,23 @@ bool start_locked(int device) {
   }
   if (r != CUPTI_SUCCESS) {
     disable_ours(a);
-    set_off(fmt::format("off: enabling the launch calls' API records failed ({})", static_cast<int>(r)));
+    return fmt::format("off: enabling the launch calls' API records failed ({})", static_cast<int>(r));
+  }
+  return "";
+}
+
+bool start_locked(int device) {
+  std::string off = other_client_reason();
+  Api a;
+  if (off.empty()) off = resolve_api(a);
+  if (!off.empty()) {
+    set_off(off);
+    return false;
+  }
+  g_api = a;
+  if (off = configure_counters(a, device); off.empty()) off = enable_kinds(a);
+  if (!off.empty()) {
+    set_off(off);
     return false;
   }
   // A client that appeared while we started (its call waits on start_mutex(), so it comes
