@@ -22,11 +22,11 @@
 //     chunks.
 //  4. On a capturing stream nothing is issued and the Engine is not called (the kernel does
 //     not run now). Whether the stream captures: a stream whose capture began through the
-//     hooked cuStreamBeginCapture_v2(_ptsz) is known without asking; while any such capture
-//     is in progress every other stream is asked (cuStreamIsCapturing: it may have joined the
-//     capture through an event); with none in progress nothing is asked, which saves a
-//     driver call per launch. (Left out: a capture begun with cuStreamBeginCaptureToGraph,
-//     CUDA 12.3+, which the shim does not hook, is not seen.) The launch's footprint is added to that stream's
+//     hooked cuStreamBeginCapture_v2(_ptsz) or cuStreamBeginCaptureToGraph(_ptsz) (CUDA
+//     12.3+) is known without asking; while any such capture is in progress every other
+//     stream is asked (cuStreamIsCapturing: it may have joined the capture through an event);
+//     with none in progress nothing is asked, which saves a driver call per launch. The
+//     launch's footprint is added to that stream's
 //     capture and becomes the graph's footprint (cuStreamEndCapture) and then the graph exec's
 //     (cuGraphInstantiateWithFlags): cuGraphLaunch is one launch with the union of the
 //     footprints of the kernels captured into it, restricted to blocks still live. A graph

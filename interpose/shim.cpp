@@ -271,7 +271,6 @@ void internal_failure(const char* where) noexcept {
 
 ShimCallScope::ShimCallScope() { ++t_shim_depth; }
 ShimCallScope::~ShimCallScope() { --t_shim_depth; }
-bool in_shim_call() { return t_shim_depth > 0; }
 
 RuntimeAllocScope::RuntimeAllocScope(AllocKind kind) {
   t_runtime_kind = kind;

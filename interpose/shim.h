@@ -64,7 +64,6 @@ struct ShimCallScope {
   ShimCallScope();
   ~ShimCallScope();
 };
-bool in_shim_call();
 
 // Set by runtime hooks (cudaMalloc, ...) around the real runtime call, so the driver hook
 // it leads to records the runtime's family and tells the runtime hook that it ran.
