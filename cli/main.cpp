@@ -163,7 +163,7 @@ int run(const std::vector<std::pair<std::string, std::string>>& settings, const 
     // (Regular files only: a FIFO, a device or a symbolic link is the user's to keep.)
     if (variable == "SPILLWAY_TRACE" || variable == "SPILLWAY_REPORT") remove_earlier_outputs(value);
   }
-  // The frameworks' per-tensor modes (issue 12; docs/configuration.md), each unless the
+  // The frameworks' per-tensor modes (docs/configuration.md), each unless the
   // user set it: every tensor is then a cudaMalloc/cudaFree the shim's sub-allocator serves.
   //  - PyTorch: any value of PYTORCH_NO_CUDA_MEMORY_CACHING turns its caching allocator off
   //    (forceUncachedAllocator(): getenv(...) != nullptr; c10/cuda/CUDACachingAllocator.cpp);
@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
   bool info_json = false;
   info_cmd->add_flag("--json", info_json, "print one JSON object instead of the table");
 
-  spillway::cli::SimCommands sim_commands(app);  // `sweep` and `replay` (issue 3)
+  spillway::cli::SimCommands sim_commands(app);  // `sweep` and `replay`
 
   CLI::App* policies_cmd = app.add_subcommand(
       "policies", "List the policies and their tunables (NAME:KEY=VALUE in --policy and SPILLWAY_POLICY).");

@@ -1,4 +1,4 @@
-// Fault feedback through CUPTI (issue 12 item 4; docs/configuration.md, "Fault feedback"):
+// Fault feedback through CUPTI (docs/configuration.md, "Fault feedback"):
 // the GPU page faults the driver reports in CUPTI's unified-memory activity, attributed to
 // the shim's launches, for the CudaBackend to hand to the Engine (Backend::take_faults).
 //

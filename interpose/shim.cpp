@@ -1,7 +1,7 @@
 // libspillway.so: state, the one ordered initialisation, REAL resolution, the exported hook
 // symbols generated from hooks.def, the dlsym hook and the exit report.
 //
-// How symbols reach the shim (DESIGN §2): a program linked against libcuda binds to the
+// How symbols reach the shim: a program linked against libcuda binds to the
 // exported symbols below because LD_PRELOAD puts this library first. The CUDA runtime
 // (static or shared) instead dlopen()s libcuda.so.1, asks dlsym for cuGetProcAddress_v2 and
 // resolves every entry point through it: the dlsym hook hands back our cuGetProcAddress,

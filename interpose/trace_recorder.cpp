@@ -1,4 +1,4 @@
-// SPILLWAY_TRACE (issue 4, DESIGN §3, §6): records what the Engine sees — allocations (with
+// SPILLWAY_TRACE (docs/trace-format.md): records what the Engine sees — allocations (with
 // their addresses), frees, launches with their footprints and sampled durations — as a
 // trace in format v1 (uvm/src/trace.cpp's Writer), replayable by `spillway replay`/`sweep`.
 //
@@ -18,7 +18,7 @@
 // - A child forked without exec inherits an open trace: it writes nothing to it and drops it
 //   unflushed at exit, so the parent's trace stays whole. (A child forked before the parent
 //   used CUDA creates its own at its first event.)
-// - SPILLWAY_TRACE_WINDOW bounds it (issue 17 item 2). `W+N`: nothing is written during the
+// - SPILLWAY_TRACE_WINDOW bounds it. `W+N`: nothing is written during the
 //   first W launches (the recorder keeps the live blocks' alloc events only); at launch W
 //   the header, then an alloc for each block live then, then the events of N launches (and
 //   the allocations and frees among them); then the file is closed, whole, while the

@@ -1,4 +1,4 @@
-// Extents from faults (issue 12 item 4; docs/learned-policy.md §7): what `learned` makes of
+// Extents from faults (docs/learned-policy.md §8): what `learned` makes of
 // the driver's fault records where the argument scan can only guess a footprint.
 //
 // Under a framework's own cache (PyTorch's caching allocator with --framework-allocator

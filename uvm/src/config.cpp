@@ -212,7 +212,7 @@ const std::vector<Row>& rows() {
 }
 
 // `text` with control characters written as \xNN, so that an error message quoting a
-// bad value stays on one line (a value may contain a newline: DESIGN §7 promises one line).
+// bad value stays on one line (a value may contain a newline: docs/configuration.md promises one line).
 std::string printable(std::string_view text) {
   std::string out;
   out.reserve(text.size());

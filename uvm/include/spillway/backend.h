@@ -1,4 +1,4 @@
-// The world the Engine acts on (DESIGN §1): the real driver in the shim (CudaBackend,
+// The world the Engine acts on (docs/design.md): the real driver in the shim (CudaBackend,
 // interpose/cuda_backend.h), a simulated GPU in the simulator (uvm/sim). The Engine and the
 // Policies never call CUDA themselves.
 #pragma once
@@ -62,7 +62,7 @@ class Backend {
   // Blocks until `event` completes (used when memory is short and at exit).
   virtual Result wait_event(EventHandle event) = 0;
 
-  // Fences, for the Engine's sub-allocator (issue 12; sub_allocator.h): a freed range is
+  // Fences, for the Engine's sub-allocator (sub_allocator.h): a freed range is
   // reused only once every piece of work issued before its free has completed, and the free
   // itself never waits for the device.
   // supports_fences: whether record_fence() can work here (without it the Engine gives each
@@ -110,7 +110,7 @@ class Backend {
     return false;
   }
 
-  // Fault feedback (issue 12 item 4): the GPU page faults the device took, attributed to
+  // Fault feedback: the GPU page faults the device took, attributed to
   // launches (CudaBackend: CUPTI's unified-memory activity, interpose/cupti_feedback.h;
   // SimBackend: the chunks each simulated kernel faulted on). fault_feedback: whether records
   // can come now (it may turn false later, e.g. when another CUPTI client takes CUPTI over).

@@ -1,4 +1,4 @@
-// Spillway's settings, read once from SPILLWAY_* environment variables (DESIGN §7).
+// Spillway's settings, read once from SPILLWAY_* environment variables (docs/configuration.md).
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,9 @@
-// How a launch's arguments become its footprint (DESIGN §4, "a block is not a tensor"). The
+// How a launch's arguments become its footprint (docs/design.md, "One launch, hook to Backend"). The
 // shim's launch hook (interpose/hooks_launch.cpp) finds the pointers among a kernel's
 // parameters that fall inside managed blocks; this rule turns them into the ranges the
 // Engine and the Policy are given. It lives here, not in the hook, so that the simulator can
 // give a trace's kernels exactly the footprint the shim would infer from their pointers
-// (issue 12: a framework's caching allocator hands out pointers into large segments).
+// (a framework's caching allocator hands out pointers into large segments).
 #pragma once
 
 #include <algorithm>

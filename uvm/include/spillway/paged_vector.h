@@ -1,5 +1,5 @@
 // An append-only array stored in fixed-size pages: what `learned`'s history is kept in
-// (issue 17). A std::vector doubles its storage when it fills and holds the old copy while
+// (docs/learned-policy.md §9). A std::vector doubles its storage when it fills and holds the old copy while
 // it moves the elements, so a history of N bytes takes up to 3N at that moment and 2N
 // after; the pages here grow by one page at a time and never move an element, so the memory
 // held is the elements' bytes rounded up to a page, which the state budget

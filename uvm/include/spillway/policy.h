@@ -1,4 +1,4 @@
-// Policies decide what to move and what to advise (DESIGN §4). A Policy is plain C++ with
+// Policies decide what to move and what to advise (docs/design.md). A Policy is plain C++ with
 // no CUDA dependency: it sees the Engine's events one at a time, in order, and answers
 // through an Actions sink. It is deterministic for a given event sequence and never sees
 // the future (the simulator-only `oracle` excepted).
@@ -37,7 +37,7 @@ struct Access {
   std::uint64_t block_end = 0;
 };
 
-// One kernel launch as a Policy sees it (DESIGN §4). Addresses and chunks only: never a
+// One kernel launch as a Policy sees it (docs/simulator.md, "What a policy sees"). Addresses and chunks only: never a
 // trace's block ids. Valid only during the call it is passed to.
 struct Launch {
   std::uint64_t seq = 0;          // 0, 1, 2, ...: launches the Engine has seen
@@ -90,10 +90,10 @@ class Policy {
   // on the allocation path. Must not change over the policy's life.
   virtual bool sees_allocations() const { return true; }
 
-  // --- launch-driven policies (issue 3). Defaults keep a policy purely static. ---
+  // --- launch-driven policies. Defaults keep a policy purely static. ---
 
   // True when the Engine should manage residency for this policy: keep the chunks it plans
-  // to be resident within the budget (DESIGN §3), prefetch each launch's missing footprint
+  // to be resident within the budget (docs/design.md), prefetch each launch's missing footprint
   // before the launch, and evict the chunks this policy ranks last (choose_victim, else
   // least recently used). False: the Engine moves nothing on its own (demand paging).
   virtual bool manages_residency() const { return false; }
@@ -115,7 +115,7 @@ class Policy {
   // accessed by the GPU, so the kernel reads it over the link). Default: fetch everything.
   virtual bool leave_remote(ChunkIndex chunk) { (void)chunk; return false; }
 
-  // --- fault feedback (issue 12 item 4) ---
+  // --- fault feedback ---
 
   // True when this policy uses the driver's fault records: the Engine then hands it the
   // faults the Backend reports (Backend::fault_feedback) and lets it refine footprints.
@@ -130,7 +130,7 @@ class Policy {
   // next call. Default: unchanged.
   virtual std::span<const Access> refine_footprint(const Launch& launch) { return launch.accesses; }
 
-  // --- bounded state (issue 17) ---
+  // --- bounded state ---
 
   // Heap bytes the policy's state holds now: its history, per-chunk and per-kernel records
   // (estimated from its containers' sizes and capacities, spillway/state_bytes.h). O(1).

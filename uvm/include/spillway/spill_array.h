@@ -1,6 +1,6 @@
 // A growable array of trivially copyable elements kept in a file mapped into memory: what
 // the simulator's compiled traces are stored in, so that a trace of ten million launches
-// is simulated in memory that does not grow with its length (issue 17 item 3). The
+// is simulated in memory that does not grow with its length. The
 // elements live in an unlinked temporary file (gone when the process ends) mapped shared;
 // its pages are the kernel's page cache, written back and dropped under memory pressure,
 // and release() drops the process's mapping of a range it has passed (a later access reads

@@ -1,4 +1,4 @@
-// Heap bytes a container holds, for the shim's state budget (SPILLWAY_STATE_MEMORY, issue 17).
+// Heap bytes a container holds, for the shim's state budget (SPILLWAY_STATE_MEMORY).
 // Estimates from sizes and capacities, O(1) each, modelled on libstdc++'s node layouts
 // (bits/hashtable_policy.h: a node is a next pointer and the value, plus the hash when the
 // hash function is not "fast"; bits/stl_tree.h: colour, parent, left, right and the value)

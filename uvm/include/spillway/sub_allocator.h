@@ -1,4 +1,4 @@
-// Spillway's sub-allocator (issue 12; DESIGN §2 "A block is not a tensor"): the program's
+// Spillway's sub-allocator (docs/design.md, "One allocation, hook to Backend"): the program's
 // device allocations, carved from large managed ranges that the Engine reserves from its
 // Backend, so that a framework in its per-tensor mode (one cudaMalloc per tensor) costs no
 // driver call per tensor and the Engine sees every tensor's exact extent and its free.

@@ -1,4 +1,4 @@
-// Vocabulary shared by the Engine, the Policies and the Backends (DESIGN §1, §3).
+// Vocabulary shared by the Engine, the Policies and the Backends (docs/design.md).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +38,7 @@ struct Result {
   bool ok() const { return status == Status::ok; }
 };
 
-// One GPU page fault the device took, as the driver reports it (issue 12 item 4; CUPTI's
+// One GPU page fault the device took, as the driver reports it (CUPTI's
 // CUpti_ActivityUnifiedMemoryCounter3 with counterKind GPU_PAGE_FAULT, cupti_activity.h; the
 // simulator: a chunk a kernel touched that was neither resident nor arriving). `addr` is an
 // address in the faulting page; `launch_seq` is the Launch::seq of the kernel it is

@@ -1,4 +1,4 @@
-// The two-direction lower bound (issue 13 item 1; the proof: docs/simulator.md, "The lower
+// The two-direction lower bound (the proof: docs/simulator.md, "The lower
 // bound"). Cut the run at the instants some kernels start: in each interval between cuts the
 // time is at least the kernels' time in it and at least the bytes each link moves in it over
 // that link's bandwidth, hence at least any convex combination of the three. At a cut at most

@@ -1,6 +1,6 @@
 // The rules of PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, the
 // native allocator with its default settings: no max_split_size, no expandable segments, no
-// roundup_power2_divisions), as the simulator's `pytorch` allocator view (issue 12) applies
+// roundup_power2_divisions), as the simulator's `pytorch` allocator view applies
 // them to a trace: which segments the framework would cudaMalloc, and where in them each
 // tensor would lie. Used at trace compilation; single-threaded.
 //

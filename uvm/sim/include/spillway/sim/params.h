@@ -1,4 +1,4 @@
-// Parameters of the simulated GPU and its link (DESIGN §5, docs/simulator.md). Every
+// Parameters of the simulated GPU and its link (docs/simulator.md). Every
 // parameter has a default with its source, and `spillway sweep`/`replay` can set each one.
 #pragma once
 
@@ -20,7 +20,7 @@ struct LinkProfile {
   std::string source;  // where the figures come from
   // Fault-driven migration is this many times slower than an explicit prefetch on this link
   // (SimParams::fault_slowdown takes it; --fault-slowdown overrides). 10: the figure RAPIDS
-  // and JAX maintainers report for cudaMallocManaged vs prefetch (DESIGN §5); measured where
+  // and JAX maintainers report for cudaMallocManaged vs prefetch (docs/simulator.md); measured where
   // a profile was measured.
   double fault_slowdown = 10.0;
 };
@@ -39,7 +39,7 @@ struct SimParams {
   // (kernel-open/nvidia-uvm/uvm_gpu_replayable_faults.c).
   std::uint32_t fault_batch_size = 256;
   // Fault granularity: the driver services faults in 64 KiB big-page regions
-  // (UVM_PAGE_SIZE_64K, the default big page size; DESIGN §5).
+  // (UVM_PAGE_SIZE_64K, the default big page size; docs/simulator.md).
   std::uint64_t fault_granularity_bytes = 64 << 10;
   // Fault-driven migration moves data this many times slower than an explicit prefetch: the
   // link profile's (LinkProfile::fault_slowdown; 10 unless measured).
@@ -48,15 +48,15 @@ struct SimParams {
   // faulted, the driver migrates the rest without further faults (uvm_perf_prefetch_threshold,
   // default 51, kernel-open/nvidia-uvm/uvm_perf_prefetch.c). Set 1.0 to disable.
   double density_threshold = 0.51;
-  // Remote (zero-copy) access runs at this share of the link's bandwidth each way (DESIGN §5:
-  // "the kernel slows by the bytes it touches over link bandwidth"); at most 1 (a copy
+  // Remote (zero-copy) access runs at this share of the link's bandwidth each way (docs/simulator.md,
+  // "Advice": the kernel slows by the bytes it touches over link bandwidth); at most 1 (a copy
   // engine never moves more than the link: SimBackend takes min(1, this)).
   double remote_efficiency = 1.0;
-  // Fault feedback (issue 12 item 4): the SimBackend reports the chunks each kernel faulted
+  // Fault feedback: the SimBackend reports the chunks each kernel faulted
   // on (Backend::take_faults), as CUPTI's GPU page-fault records do in the shim, so a policy
   // that learns from faults (learned) sees them. `spillway sweep/replay --fault-feedback`.
   bool fault_feedback = true;
-  // The policy's state budget, as SPILLWAY_STATE_MEMORY in the shim (issue 17): the same
+  // The policy's state budget, as SPILLWAY_STATE_MEMORY in the shim: the same
   // default, so the simulated policy forgets what the shim's would. UINT64_MAX: unbounded.
   // `spillway sweep/replay --state-memory`.
   std::uint64_t state_memory_bytes = 256ull << 20;

@@ -1,4 +1,4 @@
-// The simulator (DESIGN §1, §5): runs one trace against one policy at one capacity — the
+// The simulator (docs/simulator.md): runs one trace against one policy at one capacity — the
 // shim's Engine and Policy, unchanged, over a SimBackend — and the lower bound beside it.
 #pragma once
 
@@ -18,7 +18,7 @@
 namespace spillway::sim {
 
 // The lower bound of one (trace, capacity, link): the larger of the two-direction cut bound
-// (bound.h, issue 13) and the bound before it, max(compute, MIN_H2D / B_h2d) (issue 3 §5).
+// (bound.h) and the bound before it, max(compute, MIN_H2D / B_h2d).
 struct LowerBound {
   std::uint64_t ns = 0;      // max(cut.ns, h2d_ns)
   std::uint64_t h2d_ns = 0;  // max(compute time, min_fetch.bytes / B_h2d)
@@ -71,7 +71,7 @@ CellResult run_cell(const CompiledTrace& trace, const std::string& policy, const
 CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, const SimParams& params,
                     std::vector<Span>* spans = nullptr, const LowerBound* bound = nullptr);
 
-// How a run's time divides among what was busy (issue 13 item 5): `ns[mask]` is the time
+// How a run's time divides among what was busy: `ns[mask]` is the time
 // during which exactly the tracks in `mask` had a span (bit Span::Track: 1 kernels, 2 H2D
 // prefetches, 4 D2H evictions, 8 fault stalls); ns[0] is idle time before the last span
 // ends. Fault migrations and remote copies have no span of their own: their time is in the
