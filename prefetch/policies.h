@@ -107,7 +107,7 @@ class CorrelationPolicy final : public Policy {
 };
 
 // What the oracle knows: every kernel launch's chunk touches, in trace order, with the
-// index of each touch's next use. Built by the simulator (uvm/sim) from the whole trace;
+// index of each touch's next use. Built by the simulator (sim) from the whole trace;
 // the shim has no such thing, which is why `oracle` is simulator-only.
 struct OracleFuture {
   struct Touch {

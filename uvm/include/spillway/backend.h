@@ -1,5 +1,5 @@
 // The world the Engine acts on (docs/design.md): the real driver in the shim (CudaBackend,
-// interpose/cuda_backend.h), a simulated GPU in the simulator (uvm/sim). The Engine and the
+// interpose/cuda_backend.h), a simulated GPU in the simulator (sim). The Engine and the
 // Policies never call CUDA themselves.
 #pragma once
 
