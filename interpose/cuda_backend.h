@@ -1,4 +1,6 @@
-// CudaBackend: the Engine's Backend over the real driver, through the REAL() pointers.
+// CudaBackend: the Engine's Backend over the real driver, through the REAL() pointers. The
+// program's streams and contexts and the fences on them: stream_registry.h (with the lock
+// order); stream captures and graphs: capture_registry.h.
 #pragma once
 
 #include <array>
@@ -8,6 +10,7 @@
 
 #include "shim.h"
 #include "spillway/backend.h"
+#include "stream_registry.h"  // the hooks' stream calls
 
 namespace spillway::interpose {
 
@@ -100,45 +103,6 @@ class LaunchOrderScope {
   LaunchOrderScope(const LaunchOrderScope&) = delete;
   LaunchOrderScope& operator=(const LaunchOrderScope&) = delete;
 };
-
-// The program destroys `stream`: evictions stop ordering themselves after it, fences stop
-// recording on it, and an event recorded after its work so far is included in every fence
-// until it completes (a destroyed stream's work still runs: cuStreamDestroy, CUDA Driver
-// API). Call before the real cuStreamDestroy. Thread-safe.
-void forget_launch_stream(CUstream stream);
-// The program created `stream` with `flags` (cuStreamCreate, cuStreamCreateWithPriority): a
-// non-blocking one is fenced on its own (CudaBackend::record_fence), a blocking one while a
-// capture keeps its context's legacy stream from use. Thread-safe.
-void note_stream_created(CUstream stream, unsigned flags);
-// Work was issued to `stream` in the current context (a launch, a copy, a memset; call after
-// the driver accepted it): the context is fenced from now on, and the stream at the next
-// fence. A fence records an event only on the streams that had work since their last one.
-// Thread-safe.
-void note_stream_work(CUstream stream);
-// The current context was used for an allocation (carved without a driver call, too): it is
-// fenced from now on (docs/multi-gpu.md). Thread-safe.
-void note_context_used();
-// Stream capture (the capture-begin hooks, holding lock_launch_streams()): before the real
-// call, events after the work issued so far to `stream` and, for a blocking stream, to its
-// context's legacy stream join every fence until they complete (neither may be used while the
-// capture runs); after a successful call, the capture is registered until
-// note_capture_ended(stream) (cuStreamEndCapture, whatever its result). Thread-safe.
-void note_capture_beginning_locked(CUstream stream);
-void note_capture_begun_locked(CUstream stream);
-void note_capture_ended(CUstream stream);
-// Whether [addr, addr + bytes) may be used by work captured in a capture still in progress
-// (a kernel captured with a pointer into it; hooks_launch.cpp). Thread-safe.
-bool used_by_capture(std::uint64_t addr, std::uint64_t bytes);
-// The program is about to destroy `ctx` (cuCtxDestroy, cuDevicePrimaryCtxReset) or has just
-// released a primary context for the last time: fences stop recording in it, and the shim's
-// streams and events there are forgotten (only its own: other contexts on its device keep
-// theirs). Thread-safe.
-void forget_context(CUcontext ctx);
-// The lock an eviction holds while it orders the host stream after other streams: the
-// capture-begin hooks hold it across the real call, so that no capture begins meanwhile.
-std::unique_lock<std::mutex> lock_launch_streams();
-// Whether a stream capture begun through the hooks is in progress (hooks_launch.cpp).
-bool captures_in_progress();
 
 CudaBackend& backend_instance();
 

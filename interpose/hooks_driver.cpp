@@ -3,7 +3,9 @@
 #include <atomic>
 #include <functional>
 
+#include "capture_registry.h"
 #include "cuda_backend.h"
+#include "driver_helpers.h"
 #include "shim.h"
 #include "spillway/log.h"
 
@@ -20,7 +22,7 @@ namespace {
 // only promises "appropriately padded"). The driver limits the element size to 4, 8 or 16.
 constexpr std::uint64_t kPitchAlignment = 512;
 
-CUstream per_thread(CUstream s) { return s == nullptr ? CU_STREAM_PER_THREAD : s; }
+using interpose::per_thread;
 
 // A passed-through allocation, once the driver has made it, occupies the device outside
 // managed memory: the Engine's budget counts it while it lives (Engine::note_device_memory),
@@ -191,7 +193,7 @@ CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUs
 
 // A stream-ordered free of a managed block. On a capturing stream it is a free node of the
 // graph being captured: the block stays live until a launch of that graph has run
-// (hooks_launch.cpp, captured frees). On a stream the driver does not know: its own error.
+// (capture_registry.h). On a stream the driver does not know: its own error.
 CUresult free_async(CUdeviceptr dptr, CUstream stream, CUstream mapped, CUresult (*real_fn)(CUdeviceptr, CUstream)) {
   if (Engine* e = engine(); e != nullptr && dptr != 0) {
     if (e->owns_base(dptr)) {
@@ -199,7 +201,7 @@ CUresult free_async(CUdeviceptr dptr, CUstream stream, CUstream mapped, CUresult
       std::uint64_t capture = 0;
       if (CUresult q = interpose::capture_of(mapped, &capturing, &capture); q != CUDA_SUCCESS) return q;
       if (capturing) {
-        interpose::defer_captured_free(capture, dptr);
+        interpose::capture_registry().defer_free(capture, dptr);
         return CUDA_SUCCESS;
       }
     }

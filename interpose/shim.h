@@ -87,15 +87,6 @@ void close_trace_recorder(std::chrono::milliseconds wait) noexcept;
 // which shares the recorder's memory with its parent. Touches nothing else then.
 void close_trace_recorder_before_exec(std::chrono::milliseconds wait) noexcept;
 
-// Whether `stream` (mapped: the per-thread default stream for a _ptsz call) is being
-// captured, and the id of its capture (cuStreamGetCaptureInfo, CUDA 12.3+; the stream's own
-// handle on older drivers); the driver's error for a stream it does not know. Thread-safe.
-CUresult capture_of(CUstream stream, bool* capturing, std::uint64_t* capture);
-// A cuMemFreeAsync of managed block `addr` inside capture `capture` (hooks_launch.cpp): the
-// block stays live until the first launch of a graph exec instantiated from that capture,
-// then is released stream-ordered after that launch. Thread-safe.
-void defer_captured_free(std::uint64_t capture, CUdeviceptr addr);
-
 // The CUresult for an Engine Result: the driver's own code when it gave one.
 CUresult to_cuda(const Result& r);
 
