@@ -14,12 +14,12 @@ SimBackend::SimBackend(const CompiledTrace& trace, const SimParams& params, bool
       params.density_threshold >= 1.0 ? pages
                                       : std::min<std::uint64_t>(pages, static_cast<std::uint64_t>(std::floor(params.density_threshold * pages)) + 1));
   const std::size_t n = trace.arena_chunks;
-  live_count_.assign(n, 0);
-  state_.assign(n, fresh);
-  flags_.assign(n, 0);
-  ready_.assign(n, 0);
-  mig_seq_.assign(n, 0);
-  pin_.assign(n, 0);
+  chunks_.live_count.assign(n, 0);
+  chunks_.state.assign(n, fresh);
+  chunks_.flags.assign(n, 0);
+  chunks_.ready.assign(n, 0);
+  chunks_.mig_seq.assign(n, 0);
+  chunks_.pin.assign(n, 0);
   stats_.compute_ns = 0;
 }
 
@@ -46,9 +46,9 @@ Result SimBackend::allocate_managed(std::uint64_t bytes, std::uint64_t* addr) {
   }
   const BlockPlacement& b = trace_.blocks[expected_block_];
   for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
-    if (live_count_[c]++ != 0) continue;  // (a chunk other live blocks hold keeps its state)
-    state_[c] = fresh;
-    flags_[c] = 0;
+    if (chunks_.live_count[c]++ != 0) continue;  // (a chunk other live blocks hold keeps its state)
+    chunks_.state[c] = fresh;
+    chunks_.flags[c] = 0;
   }
   live_addr_[b.addr] = expected_block_;
   *addr = b.addr;
@@ -61,13 +61,13 @@ Result SimBackend::free_managed(std::uint64_t addr) {
   const BlockPlacement& b = trace_.blocks[it->second];
   live_addr_.erase(it);
   for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) {
-    if (--live_count_[c] != 0) continue;  // another live block still holds the chunk
-    if (state_[c] == gpu) {
+    if (--chunks_.live_count[c] != 0) continue;  // another live block still holds the chunk
+    if (chunks_.state[c] == gpu) {
       leave(c);
       ++stats_.chunks_dropped;
     }
-    state_[c] = fresh;
-    flags_[c] = 0;
+    chunks_.state[c] = fresh;
+    chunks_.flags[c] = 0;
   }
   return {};
 }
@@ -82,17 +82,17 @@ void SimBackend::note_occupancy() {
 
 void SimBackend::leave(std::uint32_t c) {
   --resident_;
-  flags_[c] &= static_cast<std::uint8_t>(~(unused_prefetch | dirty));
+  chunks_.flags[c] &= static_cast<std::uint8_t>(~(unused_prefetch | dirty));
 }
 
 std::uint64_t SimBackend::write_back(std::uint32_t c, std::uint64_t not_before) {
-  std::uint64_t start = std::max({not_before, t_d2h_, ready_[c]});
-  if ((flags_[c] & read_mostly) && !(flags_[c] & dirty)) {  // a valid copy stays on the CPU
+  std::uint64_t start = std::max({not_before, clock_.d2h, chunks_.ready[c]});
+  if ((chunks_.flags[c] & read_mostly) && !(chunks_.flags[c] & dirty)) {  // a valid copy stays on the CPU
     ++stats_.clean_drops;
     return start;
   }
   std::uint64_t done = start + copy_ns(params_.link.d2h_bytes_per_s, kChunkBytes);
-  t_d2h_ = done;
+  clock_.d2h = done;
   stats_.d2h_bytes += kChunkBytes;
   if (record_spans_) spans_.push_back({Span::d2h, 0, start, done - start});
   return done;
@@ -113,16 +113,16 @@ std::uint64_t SimBackend::acquire_slot(std::uint64_t t) {
   while (!fifo_.empty()) {
     auto [c, seq] = fifo_.front();
     fifo_.pop_front();
-    if (state_[c] != gpu || mig_seq_[c] != seq) continue;  // stale entry
-    if (pin_[c] == epoch_) {
+    if (chunks_.state[c] != gpu || chunks_.mig_seq[c] != seq) continue;  // stale entry
+    if (chunks_.pin[c] == epoch_) {
       skipped.emplace_back(c, seq);
       continue;
     }
     const std::uint64_t before = stats_.d2h_bytes;
     slot = write_back(c, t);
-    driver_out_bytes_ += stats_.d2h_bytes - before;
+    faults_.driver_out_bytes += stats_.d2h_bytes - before;
     leave(c);
-    state_[c] = cpu;
+    chunks_.state[c] = cpu;
     ++stats_.driver_evictions;
     ++stats_.chunks_evicted;
     break;
@@ -132,16 +132,16 @@ std::uint64_t SimBackend::acquire_slot(std::uint64_t t) {
 }
 
 void SimBackend::make_resident(std::uint32_t c, std::uint64_t ready) {
-  state_[c] = gpu;
-  ready_[c] = ready;
-  mig_seq_[c] = next_mig_++;
-  fifo_.emplace_back(c, mig_seq_[c]);
+  chunks_.state[c] = gpu;
+  chunks_.ready[c] = ready;
+  chunks_.mig_seq[c] = next_mig_++;
+  fifo_.emplace_back(c, chunks_.mig_seq[c]);
   // Entries of chunks that left by other ways (a free, the Engine's eviction) are skipped
   // when they reach the front; between evictions they pile up, as many as migrations: drop
   // them once they are most of the list (order kept, so evictions are the same), so the
   // list stays within twice the resident chunks (so that memory does not grow with the trace's length).
   if (fifo_.size() > 2 * resident_ + 4096) {
-    std::erase_if(fifo_, [&](const std::pair<std::uint32_t, std::uint64_t>& e) { return state_[e.first] != gpu || mig_seq_[e.first] != e.second; });
+    std::erase_if(fifo_, [&](const std::pair<std::uint32_t, std::uint64_t>& e) { return chunks_.state[e.first] != gpu || chunks_.mig_seq[e.first] != e.second; });
   }
   ++resident_;
   ++stats_.chunks_in;
@@ -149,28 +149,28 @@ void SimBackend::make_resident(std::uint32_t c, std::uint64_t ready) {
 }
 
 void SimBackend::prefetch_in(std::uint32_t c, std::uint64_t now) {
-  if (state_[c] == gpu || live_count_[c] == 0) return;
+  if (chunks_.state[c] == gpu || chunks_.live_count[c] == 0) return;
   std::uint64_t slot = acquire_slot(now);
   if (slot == kNoSlot) return;
-  if (state_[c] == fresh) {  // never touched: the pages are simply created on the GPU
+  if (chunks_.state[c] == fresh) {  // never touched: the pages are simply created on the GPU
     make_resident(c, slot);
     return;
   }
-  std::uint64_t start = std::max(slot, t_h2d_);
+  std::uint64_t start = std::max(slot, clock_.h2d);
   std::uint64_t done = start + copy_ns(params_.link.h2d_bytes_per_s, kChunkBytes);
-  t_h2d_ = done;
+  clock_.h2d = done;
   stats_.h2d_bytes += kChunkBytes;
   stats_.prefetch_bytes += kChunkBytes;
   if (record_spans_) spans_.push_back({Span::h2d, 0, start, done - start});
   make_resident(c, done);
-  flags_[c] |= unused_prefetch;
+  chunks_.flags[c] |= unused_prefetch;
 }
 
 void SimBackend::evict(std::uint32_t c, std::uint64_t now) {
-  if (state_[c] != gpu) return;
+  if (chunks_.state[c] != gpu) return;
   std::uint64_t done = write_back(c, now);
   leave(c);
-  state_[c] = cpu;
+  chunks_.state[c] = cpu;
   ++stats_.chunks_evicted;
   leaving_.push_back(leaving_.empty() ? done : std::max(done, leaving_.back()));
   note_occupancy();
@@ -179,10 +179,10 @@ void SimBackend::evict(std::uint32_t c, std::uint64_t now) {
 Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) {
   if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
   std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
-  if (last >= live_count_.size()) return Result{Status::invalid_value, 0};
+  if (last >= chunks_.live_count.size()) return Result{Status::invalid_value, 0};
   for (std::uint64_t c = first; c <= last; ++c) {
-    if (to == Location::gpu) prefetch_in(static_cast<std::uint32_t>(c), t_compute_);
-    else evict(static_cast<std::uint32_t>(c), t_compute_);
+    if (to == Location::gpu) prefetch_in(static_cast<std::uint32_t>(c), clock_.compute);
+    else evict(static_cast<std::uint32_t>(c), clock_.compute);
   }
   return {};
 }
@@ -190,9 +190,9 @@ Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to
 Result SimBackend::advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int) {
   if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
   std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
-  if (last >= live_count_.size()) return Result{Status::invalid_value, 0};
+  if (last >= chunks_.live_count.size()) return Result{Status::invalid_value, 0};
   for (std::uint64_t c = first; c <= last; ++c) {
-    std::uint8_t& f = flags_[c];
+    std::uint8_t& f = chunks_.flags[c];
     switch (advice) {
       case Advice::preferred_location:
         if (where == Location::cpu) f |= prefer_cpu; else f &= static_cast<std::uint8_t>(~prefer_cpu);
@@ -222,8 +222,8 @@ void SimBackend::run(std::uint32_t index) {
   }
   const ChunkTouch* touches = trace_.touches.data();
   ++epoch_;
-  for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) pin_[touches[j].chunk] = epoch_;
-  const std::uint64_t t0 = t_compute_;
+  for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) chunks_.pin[touches[j].chunk] = epoch_;
+  const std::uint64_t t0 = clock_.compute;
   KernelTraffic traffic;
   traffic.ready = t0;
   missing_.clear();
@@ -238,32 +238,32 @@ void SimBackend::run(std::uint32_t index) {
 // engine, after what it was already doing.
 void SimBackend::run_host(const KernelRecord& k) {
   const ChunkTouch* touches = trace_.touches.data();
-  std::uint64_t t = t_compute_;
+  std::uint64_t t = clock_.compute;
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
     std::uint32_t c = touches[j].chunk;
-    if (state_[c] == gpu) {
-      t = std::max({t, ready_[c], t_d2h_}) + copy_ns(params_.link.d2h_bytes_per_s / std::max(1.0, params_.fault_slowdown), kChunkBytes);
-      t_d2h_ = t;
+    if (chunks_.state[c] == gpu) {
+      t = std::max({t, chunks_.ready[c], clock_.d2h}) + copy_ns(params_.link.d2h_bytes_per_s / std::max(1.0, params_.fault_slowdown), kChunkBytes);
+      clock_.d2h = t;
       stats_.d2h_bytes += kChunkBytes;
       ++stats_.faults;
       leave(c);
       ++stats_.chunks_evicted;
-      state_[c] = cpu;
-    } else if (state_[c] == fresh) {
-      state_[c] = cpu;
+      chunks_.state[c] = cpu;
+    } else if (chunks_.state[c] == fresh) {
+      chunks_.state[c] = cpu;
     }
   }
-  t_compute_ = t;
+  clock_.compute = t;
 }
 
 // Touch `j` of the kernel: on a resident chunk, over the link (advice), or missing.
 void SimBackend::serve_touch(std::uint32_t j, KernelTraffic& traffic) {
   const ChunkTouch& tt = trace_.touches.data()[j];
   std::uint32_t c = tt.chunk;
-  std::uint8_t f = flags_[c];
-  if (state_[c] == gpu) {
+  std::uint8_t f = chunks_.flags[c];
+  if (chunks_.state[c] == gpu) {
     touch_resident(tt, f, traffic);
-  } else if ((f & prefer_cpu) || ((f & accessed_by) && state_[c] == cpu)) {
+  } else if ((f & prefer_cpu) || ((f & accessed_by) && chunks_.state[c] == cpu)) {
     serve_remotely(tt, traffic);
   } else {
     missing_.push_back(j);
@@ -273,17 +273,17 @@ void SimBackend::serve_touch(std::uint32_t j, KernelTraffic& traffic) {
 // A touch of a resident chunk (flags `f`): the kernel waits for its data.
 void SimBackend::touch_resident(const ChunkTouch& tt, std::uint8_t f, KernelTraffic& traffic) {
   std::uint32_t c = tt.chunk;
-  if (ready_[c] > traffic.ready) traffic.ready = ready_[c];
+  if (chunks_.ready[c] > traffic.ready) traffic.ready = chunks_.ready[c];
   // A write to a read-mostly copy faults (it is mapped read-only) and the driver collapses
   // the copies: the CPU's is invalidated, no data moves.
   if (tt.write && (f & read_mostly) && !(f & dirty)) {
     traffic.collapse_faults += (tt.write_bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
     ++stats_.collapses;
-    if (faults_taken_) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes, true});
+    if (faults_.taken) faults_.pending.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes, true});
   }
   if (f & unused_prefetch) {
     stats_.prefetch_used_bytes += kChunkBytes;
-    flags_[c] = f & static_cast<std::uint8_t>(~unused_prefetch);
+    chunks_.flags[c] = f & static_cast<std::uint8_t>(~unused_prefetch);
   }
 }
 
@@ -292,7 +292,7 @@ void SimBackend::touch_resident(const ChunkTouch& tt, std::uint8_t f, KernelTraf
 void SimBackend::serve_remotely(const ChunkTouch& tt, KernelTraffic& traffic) {
   traffic.remote_in += tt.read_bytes;
   traffic.remote_out += tt.write_bytes;
-  if (state_[tt.chunk] == fresh) state_[tt.chunk] = cpu;
+  if (chunks_.state[tt.chunk] == fresh) chunks_.state[tt.chunk] = cpu;
 }
 
 // The missing chunks: each takes a slot and faults in (a fresh one is only created), in
@@ -309,13 +309,13 @@ std::uint64_t SimBackend::service_faults(KernelTraffic& traffic) {
       continue;
     }
     t = std::max(t, slot);
-    if (faults_taken_) faults_.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes, tt.write});
-    if (state_[c] != fresh) {
+    if (faults_.taken) faults_.pending.push_back(FaultRecord{launch_seq_, trace_.absolute_chunk(c) * kChunkBytes, tt.write});
+    if (chunks_.state[c] != fresh) {
       std::uint64_t pages = (tt.bytes + params_.fault_granularity_bytes - 1) / params_.fault_granularity_bytes;
       faults += std::min<std::uint64_t>(pages, density_pages_);
       // The fault path's copy holds the H2D engine, after the copies issued before it.
-      t = std::max(t, t_h2d_) + copy_ns(fault_bw_, kChunkBytes);
-      t_h2d_ = t;
+      t = std::max(t, clock_.h2d) + copy_ns(fault_bw_, kChunkBytes);
+      clock_.h2d = t;
       fault_copy += kChunkBytes;
     }
     make_resident(c, t);
@@ -328,7 +328,7 @@ std::uint64_t SimBackend::service_faults(KernelTraffic& traffic) {
   }
   if (fault_copy > 0) {
     stats_.h2d_bytes += fault_copy;
-    fault_in_bytes_ += fault_copy;
+    faults_.in_bytes += fault_copy;
   }
   stats_.fault_stall_ns += t - traffic.ready;
   if (record_spans_ && t > traffic.ready) spans_.push_back({Span::fault, 0, traffic.ready, t - traffic.ready});
@@ -341,12 +341,12 @@ std::uint64_t SimBackend::service_faults(KernelTraffic& traffic) {
 std::uint64_t SimBackend::copy_remote(std::uint64_t t, const KernelTraffic& traffic) {
   std::uint64_t remote_done = t;
   if (traffic.remote_in > 0) {
-    t_h2d_ = std::max(t, t_h2d_) + copy_ns(params_.link.h2d_bytes_per_s * std::min(1.0, params_.remote_efficiency), traffic.remote_in);
-    remote_done = std::max(remote_done, t_h2d_);
+    clock_.h2d = std::max(t, clock_.h2d) + copy_ns(params_.link.h2d_bytes_per_s * std::min(1.0, params_.remote_efficiency), traffic.remote_in);
+    remote_done = std::max(remote_done, clock_.h2d);
   }
   if (traffic.remote_out > 0) {
-    t_d2h_ = std::max(t, t_d2h_) + copy_ns(params_.link.d2h_bytes_per_s * std::min(1.0, params_.remote_efficiency), traffic.remote_out);
-    remote_done = std::max(remote_done, t_d2h_);
+    clock_.d2h = std::max(t, clock_.d2h) + copy_ns(params_.link.d2h_bytes_per_s * std::min(1.0, params_.remote_efficiency), traffic.remote_out);
+    remote_done = std::max(remote_done, clock_.d2h);
   }
   stats_.remote_bytes += traffic.remote_in + traffic.remote_out;
   stats_.h2d_bytes += traffic.remote_in;
@@ -361,29 +361,29 @@ void SimBackend::finish_kernel(const KernelRecord& k, std::uint64_t t, std::uint
   std::uint64_t end = remote_done + k.dur_ns;
   if (record_spans_) spans_.push_back({Span::compute, k.name, t, end - t});
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
-    if (touches[j].write) flags_[touches[j].chunk] |= dirty;
+    if (touches[j].write) chunks_.flags[touches[j].chunk] |= dirty;
   }
   stats_.compute_ns += k.dur_ns;
-  t_compute_ = end;
+  clock_.compute = end;
 }
 
 const SimStats& SimBackend::stats() {
-  stats_.time_ns = t_compute_;
+  stats_.time_ns = clock_.compute;
   stats_.resident_chunks = resident_;
   return stats_;
 }
 
 std::size_t SimBackend::take_faults(std::vector<FaultRecord>& out) {
-  faults_taken_ = params_.fault_feedback;  // (recorded only once a policy takes them)
-  const std::size_t n = faults_.size();
-  out.insert(out.end(), faults_.begin(), faults_.end());
-  faults_.clear();
+  faults_.taken = params_.fault_feedback;  // (recorded only once a policy takes them)
+  const std::size_t n = faults_.pending.size();
+  out.insert(out.end(), faults_.pending.begin(), faults_.pending.end());
+  faults_.pending.clear();
   return n;
 }
 
 void SimBackend::migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) {
-  *to_gpu = fault_in_bytes_;
-  *to_host = driver_out_bytes_;
+  *to_gpu = faults_.in_bytes;
+  *to_host = faults_.driver_out_bytes;
 }
 
 }  // namespace spillway::sim

@@ -101,7 +101,7 @@ class SimBackend final : public Backend {
   void run(std::uint32_t index);
   // Simulated time at which the host issues the next launch's decisions: the end of the
   // previous kernel (the host keeps up with the GPU; policies provide the run-ahead).
-  std::uint64_t now() const { return t_compute_; }
+  std::uint64_t now() const { return clock_.compute; }
   const SimStats& stats();
   const std::vector<Span>& spans() const { return spans_; }
   std::vector<Span> take_spans() { return std::move(spans_); }  // (leaves none)
@@ -146,30 +146,40 @@ class SimBackend final : public Backend {
   double fault_bw_;
   std::uint32_t density_pages_;  // faults per chunk before the density prefetcher takes the rest
   std::uint32_t expected_block_ = 0;
-  std::vector<std::uint32_t> live_count_;  // per chunk: live blocks on it (`spillway` blocks share chunks)
   std::unordered_map<std::uint64_t, std::uint32_t> live_addr_;  // live block's address -> alloc sequence
 
-  std::vector<std::uint8_t> state_;
-  std::vector<std::uint8_t> flags_;
-  std::vector<std::uint64_t> ready_;     // gpu: when the chunk's data is there
-  std::vector<std::uint64_t> mig_seq_;   // gpu: migration order (driver's eviction list)
-  std::vector<std::uint32_t> pin_;       // epoch of the kernel being run that touches it
+  // Per chunk, indexed by chunk number.
+  struct Chunks {
+    std::vector<std::uint8_t> state;       // State
+    std::vector<std::uint8_t> flags;       // Flag bits
+    std::vector<std::uint64_t> ready;      // gpu: when the chunk's data is there, ns
+    std::vector<std::uint64_t> mig_seq;    // gpu: migration order (driver's eviction list)
+    std::vector<std::uint32_t> pin;        // epoch of the kernel being run that touches it
+    std::vector<std::uint32_t> live_count; // live blocks on it (`spillway` blocks share chunks)
+  };
+  Chunks chunks_;
   std::deque<std::pair<std::uint32_t, std::uint64_t>> fifo_;  // (chunk, mig_seq), oldest first
   std::deque<std::uint64_t> leaving_;    // completion times of evictions still copying out
   std::uint64_t next_mig_ = 1;
   std::uint32_t epoch_ = 0;
   std::uint64_t resident_ = 0;
 
-  std::uint64_t t_compute_ = 0;
-  std::uint64_t t_h2d_ = 0;
-  std::uint64_t t_d2h_ = 0;
+  // When each engine is next free, ns of simulated time: the SMs and the two copy directions.
+  struct Clocks {
+    std::uint64_t compute = 0, h2d = 0, d2h = 0;
+  };
+  Clocks clock_;
   SimStats stats_;
   std::vector<Span> spans_;
   std::vector<std::uint32_t> missing_;
   std::uint64_t launch_seq_ = 0;
-  std::vector<FaultRecord> faults_;  // not yet taken
-  bool faults_taken_ = false;        // a policy takes them (recorded only then)
-  std::uint64_t fault_in_bytes_ = 0, driver_out_bytes_ = 0;
+  // The GPU page faults of the run, as the driver would report them (take_faults).
+  struct Faults {
+    std::vector<FaultRecord> pending;  // not yet taken
+    bool taken = false;                // a policy takes them (recorded only then)
+    std::uint64_t in_bytes = 0, driver_out_bytes = 0;
+  };
+  Faults faults_;
 };
 
 }  // namespace spillway::sim
