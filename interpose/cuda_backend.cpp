@@ -98,6 +98,9 @@ std::uint64_t CudaBackend::current_context() {
   ShimCallScope scope;
   CUcontext ctx = nullptr;
   if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) return 0;
+  // (The Engine asks while it allocates in `ctx`: a carved block needs no driver call, so the
+  // context is registered here for the fences to cover it.)
+  note_context(ctx);
   return reinterpret_cast<std::uint64_t>(ctx);
 }
 

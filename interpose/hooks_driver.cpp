@@ -112,8 +112,7 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
     return std::nullopt;
   }
   if (!r.ok()) return interpose::to_cuda(r);
-  *dptr = static_cast<CUdeviceptr>(addr);
-  interpose::note_context_used();  // (a carved block needs no driver call: its context is fenced)
+  *dptr = static_cast<CUdeviceptr>(addr);  // (its context registered for fences: CudaBackend::current_context)
   return CUDA_SUCCESS;
 }
 

@@ -40,6 +40,11 @@ thread_local std::uint64_t t_noted_generation = 0;    // ... when g_contexts_for
 void note_current_context() {
   CUcontext ctx = nullptr;
   if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == nullptr) return;
+  note_context(ctx);
+}
+
+void note_context(CUcontext ctx) {
+  if (ctx == nullptr) return;
   const std::uint64_t generation = g_contexts_forgotten.load(std::memory_order_acquire);
   if (ctx == t_noted_context && generation == t_noted_generation) return;
   CUdevice device = -1;
@@ -237,11 +242,6 @@ void note_stream_work(CUstream stream) {
   if (it == g_known.end() || it->second.dirty) return;
   mark_active_locked(stream, it->second);
   it->second.dirty = true;
-}
-
-void note_context_used() {
-  ShimCallScope scope;
-  note_current_context();
 }
 
 void forget_context(CUcontext ctx) {

@@ -45,9 +45,6 @@ void note_stream_created(CUstream stream, unsigned flags);
 // the driver accepted it): the context is fenced from now on, and the stream at the next
 // fence. A fence records an event only on the streams that had work since their last one.
 void note_stream_work(CUstream stream);
-// The current context was used for an allocation (carved without a driver call, too): it is
-// fenced from now on (docs/multi-gpu.md).
-void note_context_used();
 // Stream capture (the capture-begin hooks, holding lock_launch_streams()): before the real
 // call, events after the work issued so far to `stream` and, for a blocking stream, to its
 // context's legacy stream join every fence until they complete (neither may be used while the
@@ -68,6 +65,10 @@ std::unique_lock<std::mutex> lock_launch_streams();
 
 // Registers the calling thread's current context (a thread-local cache makes a repeat cheap).
 void note_current_context();
+// The same for `ctx`, the calling thread's current context as just read (nullptr: nothing):
+// CudaBackend::current_context, which the Engine asks while it allocates, so a context
+// allocated in (a carved block makes no driver call) is fenced from then on (docs/multi-gpu.md).
+void note_context(CUcontext ctx);
 // A kernel is being launched on `stream` (LaunchOrderScope): it is one of the recent
 // launching streams an eviction orders itself after.
 void note_launch_stream(CUstream stream);

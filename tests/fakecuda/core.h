@@ -77,6 +77,7 @@ class Call {
   const char* symbol_;
   const char* base_;
   unsigned flags_;
+  bool logging_;  // FAKECUDA_LOG is set: the arguments are formatted into line_ (else not)
   std::string line_;
 };
 

@@ -48,6 +48,7 @@ std::unique_ptr<DevicePlan> DevicePlans::read_plan(int device, std::unique_ptr<P
 
 void DevicePlans::publish(int device) {
   plans_[static_cast<std::size_t>(device)].store(owned_.back().get(), std::memory_order_release);
+  if (device + 1 > slots_end_.load(std::memory_order_relaxed)) slots_end_.store(device + 1, std::memory_order_release);
   count_.fetch_add(1, std::memory_order_release);
 }
 

@@ -185,7 +185,6 @@ void Engine::run_policy_alloc(const Block& block) {
   DevicePlan* owner = plans_.of(block.device);
   {
     std::lock_guard lock(mutex_);
-    if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_alloc(block);
     if (plans_.facts().sees_allocations) {
       // Every plan's Policy knows the block (a launch on any device may use it); only its own
       // device's requests are carried out.
@@ -195,6 +194,7 @@ void Engine::run_policy_alloc(const Block& block) {
       });
     }
   }
+  notify_alloc(block);
   for (const Action& a : actions.list) send_checked(a, block.device, owner);  // (the block may be freed already)
 }
 
@@ -249,6 +249,13 @@ Stats Engine::stats_locked() const {
     s.start_budget_bytes += d.start_budget_bytes;
     s.outside_device_peak_bytes += d.outside_device_peak_bytes;  // (each device's peak: an upper bound of the sum's)
     s.physical_total_bytes += d.physical_total_bytes;
+    // (The moves are counted once, per device; the totals are their sums. Plans are never
+    // closed, so no device's moves leave the totals.)
+    s.prefetch_to_gpu_bytes += d.prefetch_to_gpu_bytes;
+    s.evict_to_cpu_bytes += d.evict_to_cpu_bytes;
+    s.prefetched_chunks += d.prefetched_chunks;
+    s.evicted_chunks += d.evicted_chunks;
+    s.dropped_prefetch_chunks += d.dropped_prefetch_chunks;
     policies += p.policy->state_bytes();
     s.devices.push_back(d);
   });

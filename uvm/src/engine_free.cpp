@@ -118,9 +118,9 @@ void Engine::run_policy_free(const Block& block) {
   if (DevicePlan* owner = plans_.of(block.device)) owner->live_bytes.fetch_sub(block.bytes, std::memory_order_relaxed);
   const PolicyFacts& facts = plans_.facts();
   if (!facts.sees_allocations && !facts.manages_residency && observer_.load(std::memory_order_acquire) == nullptr) return;
+  notify_free(block);
   EngineActions actions;  // a policy may not move a dying block; requests are dropped
   std::lock_guard lock(mutex_);
-  if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_free(block);
   plans_.for_each([&](DevicePlan& p) { p.policy->on_free(block, actions); });
   if (!facts.manages_residency) return;
   // The block's chunks leave the plans (at no cost: the data is dead), on whichever device

@@ -52,10 +52,8 @@ void Engine::count_move(DevicePlan& plan, Location to, std::uint64_t bytes, cons
   if (!r.ok()) {
     ++counters_.backend_errors;
   } else if (to == Location::gpu) {
-    counters_.prefetch_to_gpu_bytes += bytes;
     plan.counters.prefetch_to_gpu_bytes += bytes;
   } else {
-    counters_.evict_to_cpu_bytes += bytes;
     plan.counters.evict_to_cpu_bytes += bytes;
   }
 }
@@ -87,7 +85,6 @@ void Engine::plan_eviction(DevicePlan& plan, ChunkIndex c, std::vector<Move>& mo
   plan.residency.erase(c, &m.base, &m.end);
   plan.policy->on_residency(c, false);
   moves.push_back(m);
-  ++counters_.evicted_chunks;
   ++plan.counters.evicted_chunks;
 }
 
@@ -141,7 +138,6 @@ bool Engine::fetch_chunk(DevicePlan& plan, ChunkIndex c, const Block* block, boo
   ResidencyPlan& r = plan.residency;
   if (r.touch_pin(c, hold)) return true;
   if (!make_room(plan, moves)) {
-    ++counters_.dropped_prefetch_chunks;
     ++plan.counters.dropped_prefetch_chunks;
     return false;
   }
@@ -154,7 +150,6 @@ bool Engine::fetch_chunk(DevicePlan& plan, ChunkIndex c, const Block* block, boo
   r.insert_pinned(c, m.base, m.end, hold);
   plan.policy->on_residency(c, true);
   moves.push_back(m);
-  ++counters_.prefetched_chunks;
   ++plan.counters.prefetched_chunks;
   return true;
 }
@@ -297,6 +292,7 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight, int* devi
     made.actions.list.reserve(16);
     made.moves.reserve(16);
   }
+  notify_launch(launch);
   {
     std::lock_guard lock(mutex_);
     make_launch_plan(plan, launch, in_flight, made);
@@ -315,7 +311,6 @@ std::uint64_t Engine::run_launch(const Launch& launch, bool in_flight, int* devi
 
 void Engine::make_launch_plan(DevicePlan* plan_ptr, const Launch& launch, bool in_flight, LaunchPlan& out) {
   ++counters_.launches;
-  if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_launch(launch);
   if (plan_ptr == nullptr) {
     if (counters_.launches_other_device++ == 0) {
       log(LogLevel::warn,

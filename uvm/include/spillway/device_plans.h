@@ -77,9 +77,9 @@ class DevicePlans {
   // is guarded by the Engine's planning lock).
   template <class F>
   void for_each(F&& fn) const {
-    if (count() == 0) return;
-    for (const auto& slot : plans_) {
-      if (DevicePlan* p = slot.load(std::memory_order_acquire)) fn(*p);
+    const int end = slots_end_.load(std::memory_order_acquire);  // (not all 64: a hot path reads it)
+    for (int i = 0; i < end; ++i) {
+      if (DevicePlan* p = plans_[static_cast<std::size_t>(i)].load(std::memory_order_acquire)) fn(*p);
     }
   }
 
@@ -95,6 +95,7 @@ class DevicePlans {
   PolicyFacts facts_;
   std::array<std::atomic<DevicePlan*>, kMaxDevices> plans_{};
   std::atomic<int> count_{0};
+  std::atomic<int> slots_end_{0};  // one past the highest device with a plan (written with mutex_ held)
   int first_device_ = 0;  // written once, before the Engine is usable
   std::mutex mutex_;  // opening a plan
   std::vector<std::unique_ptr<DevicePlan>> owned_;  // guarded by mutex_

@@ -102,9 +102,12 @@ struct Stats {
   std::vector<DeviceStats> devices;           // one per device with a plan, by ordinal
 };
 
-// Sees what the Engine sees, in the order its Policy sees it (the trace recorder in the
-// shim, SPILLWAY_TRACE). Called with the Engine's lock held: keep it short and never call
-// back into the Engine except find().
+// Sees what the Engine sees (the trace recorder in the shim, SPILLWAY_TRACE). Called with no
+// Engine lock held, on the thread of the event, before the call that made the event returns:
+// so an event that happens before another in the program (an allocation before the launch
+// that uses it, a launch before the free that follows it) is seen first; events of threads
+// that race each other are seen in either order. It may call back into the Engine only
+// through find(); it serializes its own calls.
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
@@ -379,7 +382,17 @@ class Engine {
   // The launch path's steps (engine_launch.cpp).
   // The epoch kept in flight (0: none), and in *device the plan that keeps it.
   std::uint64_t run_launch(const Launch& launch, bool in_flight, int* device = nullptr);
-  // Under mutex_: counts the launch, shows it to the observer, and makes its plan on
+  // The observer, if any, sees an event: called with no Engine lock held (docs/design.md).
+  void notify_alloc(const Block& block) const {
+    if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_alloc(block);
+  }
+  void notify_free(const Block& block) const {
+    if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_free(block);
+  }
+  void notify_launch(const Launch& launch) const {
+    if (EngineObserver* o = observer_.load(std::memory_order_acquire)) o->on_launch(launch);
+  }
+  // Under mutex_: counts the launch and makes its plan on
   // `plan_ptr` (nullptr: no plan for its device; counted, warned once, nothing planned).
   void make_launch_plan(DevicePlan* plan_ptr, const Launch& launch, bool in_flight, LaunchPlan& out);
   // The Policy's faults since the last launch, then the launch's footprint as it refines it.
