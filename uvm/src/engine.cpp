@@ -180,21 +180,19 @@ void Engine::note_over_budget() {
 void Engine::run_policy_alloc(const Block& block) {
   counts_.redirected.fetch_add(1, std::memory_order_relaxed);
   note_over_budget();
-  if (!plans_.facts().sees_allocations && observer_.load(std::memory_order_acquire) == nullptr) return;
+  notify_alloc(block);
+  if (!plans_.facts().sees_allocations) return;  // (the planning lock only for the Policies)
   EngineActions actions;
   DevicePlan* owner = plans_.of(block.device);
   {
+    // Every plan's Policy knows the block (a launch on any device may use it); only its own
+    // device's requests are carried out.
     std::lock_guard lock(mutex_);
-    if (plans_.facts().sees_allocations) {
-      // Every plan's Policy knows the block (a launch on any device may use it); only its own
-      // device's requests are carried out.
-      plans_.for_each([&](DevicePlan& p) {
-        EngineActions ignored;
-        p.policy->on_alloc(block, &p == owner ? actions : ignored);
-      });
-    }
+    plans_.for_each([&](DevicePlan& p) {
+      EngineActions ignored;
+      p.policy->on_alloc(block, &p == owner ? actions : ignored);
+    });
   }
-  notify_alloc(block);
   for (const Action& a : actions.list) send_checked(a, block.device, owner);  // (the block may be freed already)
 }
 
