@@ -9,11 +9,11 @@ const std::vector<LinkProfile>& link_profiles() {
       {"pcie3", 15.754e9, 15.754e9, 45'000, "G10 (MICRO'23) simulator: 15.754 GB/s, 45 us far fault"},
       // PCIe 4.0 x16: 31.5 GB/s raw, ~25 GB/s achievable by cudaMemcpy/prefetch (docs/simulator.md, "Parameters").
       // Fault batch cost: G10/UVMSmart's 45 us (the driver's software path, not the link).
-      {"pcie4", 25e9, 25e9, 45'000, "PCIe 4.0 x16 ~25 GB/s achievable (DESIGN §5); 45 us fault batch (G10)"},
+      {"pcie4", 25e9, 25e9, 45'000, "PCIe 4.0 x16 ~25 GB/s achievable; 45 us fault batch (G10)"},
       // PCIe 5.0 x16: 63 GB/s raw, ~50 GB/s achievable (docs/simulator.md, "Parameters").
-      {"pcie5", 50e9, 50e9, 45'000, "PCIe 5.0 x16 ~50 GB/s achievable (DESIGN §5); 45 us fault batch (G10)"},
+      {"pcie5", 50e9, 50e9, 45'000, "PCIe 5.0 x16 ~50 GB/s achievable; 45 us fault batch (G10)"},
       // Grace Hopper NVLink-C2C, measured ~375 GB/s H2D and ~297 GB/s D2H (docs/simulator.md, "Parameters").
-      {"c2c", 375e9, 297e9, 45'000, "NVLink-C2C measured 375/297 GB/s (DESIGN §5); 45 us fault batch (G10)"},
+      {"c2c", 375e9, 297e9, 45'000, "NVLink-C2C measured 375/297 GB/s; 45 us fault batch (G10)"},
       // h200: measured on an NVIDIA H200 (driver 580.159.04, Firecracker VM) with
       // bench/workloads/linkbench.cu, 2026-11-29 (docs/gpu-results.md): cuMemPrefetchAsync
       // in 2 MiB pieces moved 14.30 GB/s host->GPU and 7.67 GB/s GPU->host (pinned memcpy:

@@ -1,4 +1,4 @@
-// End-to-end tests of launch observation (issue 4): tests/programs/launches run under the
+// End-to-end tests of launch observation: tests/programs/launches run under the
 // preloaded libspillway.so against the fake driver; what the shim saw is read back from the
 // trace it records (SPILLWAY_TRACE), what it issued from the fake's call log (FAKECUDA_LOG).
 #include <gtest/gtest.h>
@@ -177,7 +177,7 @@ TEST_P(OwnStreams, PrefetchesOnTheShimsStreamsWithinTheBudget) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, OwnStreams, ::testing::Values("sequential", "correlation"));
 
-// Device memory held beside the managed data (issue 15 item 2): a buffer of the NCCL-like
+// Device memory held beside the managed data: a buffer of the NCCL-like
 // library (excluded by default, so it stays device memory) or VMM physical memory takes
 // 16 MiB of the 32 MiB budget while it lives: the plan keeps within the 16 MiB left, and
 // within the whole budget again once it is released.
@@ -225,7 +225,7 @@ TEST_P(OutsideMemory, ShrinksTheBudgetWhileItLives) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, OutsideMemory, ::testing::Values("nccl", "vmm"));
 
-// Several GPUs (issue 15 items 1 and 3), on the fake with two devices.
+// Several GPUs, on the fake with two devices.
 
 std::vector<std::uint64_t> block_list(const std::string& out, const std::string& key) {
   std::vector<std::uint64_t> blocks;
@@ -537,7 +537,7 @@ INSTANTIATE_TEST_SUITE_P(GetFuncBySymbol, RuntimeLaunchFallback, ::testing::Valu
                          [](const ::testing::TestParamInfo<bool>& p) { return p.param ? "Absent" : "Fails"; });
 
 
-// ---- SPILLWAY_TRACE_WINDOW (issue 17 item 2) ------------------------------------------------
+// ---- SPILLWAY_TRACE_WINDOW ------------------------------------------------
 // `cycle 6 8`: 8 blocks of 8 MiB allocated, 48 launches (each block filled 6 times), freed.
 
 // Every kernel's blocks have their alloc before it, and no block is freed twice or used

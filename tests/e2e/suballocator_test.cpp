@@ -1,4 +1,4 @@
-// The sub-allocator end to end (issue 12, item 5): tests/programs/per_tensor under the real
+// The sub-allocator end to end: tests/programs/per_tensor under the real
 // shim against the fake driver — a program that allocates per tensor as a framework's
 // per-tensor mode does, and one that allocates like PyTorch's caching allocator.
 #include <gtest/gtest.h>
@@ -175,7 +175,7 @@ TEST(PerTensor, SixteenThreadsAllocatingLaunchingAndFreeing) {
 }
 
 }  // namespace
-// ---- fault feedback (issue 12, item 4): CUPTI end to end against the fake libcupti ----
+// ---- fault feedback: CUPTI end to end against the fake libcupti ----
 
 // `per_tensor arena` under `learned` with the fake libcupti on the library path, the fake
 // GPU holding 64 chunks and feedback `on` or `off`.
@@ -213,7 +213,7 @@ TEST(FaultFeedback, CorrectsAFootprintTheArgumentScanGotWrong) {
   EXPECT_LT(faults_on * 4, faults_off) << "on: " << on.stats.dump() << "\noff: " << off.stats.dump();
 }
 
-// Read-mostly learned from write faults (issue 13 item 3, the shim's part): `per_tensor
+// Read-mostly learned from write faults (the shim's part): `per_tensor
 // weights` under `learned` with the fake libcupti, a GPU of 64 MiB and a budget of 48 MiB
 // for 96 MiB of tensors. Launches do not say what they write; write faults do, and the
 // policy's prefetches leave no fault but those: a chunk is advised read-mostly until a write

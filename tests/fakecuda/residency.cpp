@@ -1,6 +1,6 @@
 // fakecuda residency: an opt-in model of where managed memory lives, so that tests can see
 // page faults, migrations and evictions through the real shim without a GPU
-// (FAKECUDA_GPU_MEMORY=<bytes>; DESIGN §8). Small and deterministic, no notion of time:
+// (FAKECUDA_GPU_MEMORY=<bytes>). Small and deterministic, no notion of time:
 //
 // - Unit: the 2 MiB chunk of the address space (address >> 21, the driver's VA block),
 //   managed allocations only. A chunk is fresh (never touched), on the CPU, or on one GPU

@@ -1,4 +1,4 @@
-// The fault-injection matrix (issue 5, item 1). training_step runs once cleanly under the
+// The fault-injection matrix. training_step runs once cleanly under the
 // preloaded shim with FAKECUDA_LOG; every driver call that run made — the program's own and
 // the ones the shim makes on its behalf — is then made to fail in turn (FAKECUDA_FAIL=name:n,
 // n = first, second and last occurrence). Each faulty run must:

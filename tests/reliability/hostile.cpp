@@ -1,5 +1,5 @@
 // hostile MODE [ARGS]: correct driver-API programs that do what an adversarial user does to
-// break an interception library (issue 18). Each must run exactly as it runs without the
+// break an interception library. Each must run exactly as it runs without the
 // shim. Written with no knowledge of Spillway; exits 0 on success, prints what it checked.
 //   reload [library]  a kernel of 8 pointer parameters is launched and its module (or
 //                     library) unloaded; a kernel of 1 parameter is loaded until it gets the

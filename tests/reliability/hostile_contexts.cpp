@@ -1,5 +1,5 @@
 // hostile_contexts MODE [ARGS]: correct driver-API programs that end contexts, use several
-// devices and ask the driver about their memory (issue 30's context and pointer kinds).
+// devices and ask the driver about their memory (the context and pointer kinds of docs/reliability.md).
 // Written with no knowledge of Spillway; each prints what it saw ("name=value" fields) and
 // exits 0 unless a call it cannot go on without failed.
 //   created N       a created context allocates 1 MiB first; then the primary context

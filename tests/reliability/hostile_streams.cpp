@@ -1,5 +1,5 @@
 // hostile_streams MODE [ARGS]: correct driver-API programs that free memory while streams,
-// contexts and captures still hold work on it (issue 30's stream kinds). Written with no
+// contexts and captures still hold work on it (the stream kinds of docs/reliability.md). Written with no
 // knowledge of Spillway; each prints what it saw and exits 0 unless a call failed.
 // "pending" below: the work issued before the free had not completed when the next
 // allocation returned (run with FAKECUDA_ASYNC=1, where work completes only when something

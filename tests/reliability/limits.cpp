@@ -1,4 +1,4 @@
-// limits MODE: the limits that keep the host alive (issue 5, item 5). Ordinary driver code.
+// limits MODE: the limits that keep the host alive. Ordinary driver code.
 //   fill GIB      allocates GIB-GiB blocks (never touched) until the driver (or the shim)
 //                 refuses; prints "blocks=N bytes=B refused=CODE", frees them all
 //   footprint N   heap in use by the process (mallinfo2) after init, with N 4 KiB blocks

@@ -1,4 +1,4 @@
-// Limits that keep the host alive (issue 5, item 5), under the real shim and the fake driver.
+// Limits that keep the host alive, under the real shim and the fake driver.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -17,7 +17,7 @@ const std::string kProgram = RELIABILITY_PROGRAM_DIR "/limits";
 
 double number(const std::string& out, const std::string& key) { return std::atof(field(out, key).c_str()); }
 
-// With no SPILLWAY_MAX_MANAGED the cap is 80 % of host RAM (DESIGN §7), read at start: managed
+// With no SPILLWAY_MAX_MANAGED the cap is 80 % of host RAM, read at start: managed
 // allocations stop there with CUDA_ERROR_OUT_OF_MEMORY (never the OOM killer: the blocks are
 // never touched here, and past the cap nothing is allocated at all).
 TEST(Limits, DefaultManagedCapIsEightyPercentOfHostRam) {

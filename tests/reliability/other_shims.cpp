@@ -1,4 +1,4 @@
-// Cases reported against other CUDA interception libraries (issue 5, item 4), each a mode of
+// Cases reported against other CUDA interception libraries, each a mode of
 // this ordinary driver-API program (no knowledge of Spillway). other_shims_test runs each under
 // the real shim and the fake driver, and most also without the shim for comparison.
 //   getproc_first      the first CUDA call is cuGetProcAddress asking for cuGetProcAddress;

@@ -1,4 +1,4 @@
-// Failures reported against other CUDA interception libraries (issue 5, item 4), each as a
+// Failures reported against other CUDA interception libraries, each as a
 // mode of tests/reliability/other_shims.cpp run under the real shim and the fake driver, and,
 // where it makes a difference, without the shim for comparison.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Concurrency (issue 5, item 3): 16 threads allocate, free, launch and resolve symbols against
+// Concurrency: 16 threads allocate, free, launch and resolve symbols against
 // 100 000 live blocks (tests/reliability/storm.cpp) under the preloaded shim. Passes when the
 // program saw no failure (every block kept its tag, every lookup gave the same pointer, every
 // launch its result) and the shim's own report agrees with the program: every allocation was

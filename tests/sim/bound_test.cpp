@@ -1,4 +1,4 @@
-// The two-direction lower bound (issue 13 item 1, spillway/sim/bound.h): a trace small
+// The two-direction lower bound (spillway/sim/bound.h): a trace small
 // enough to compute by hand, argument checks, and validity — never above any policy's time —
 // on random traces with partial, write-only and host touches, frees, both links and
 // asymmetric bandwidths, for the searched cuts and for random cuts and weights.

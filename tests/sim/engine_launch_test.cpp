@@ -1,4 +1,4 @@
-// Engine::launch (issue 3): the residency plan per 2 MiB chunk, budget-driven eviction,
+// Engine::launch: the residency plan per 2 MiB chunk, budget-driven eviction,
 // the order and coalescing of the Backend calls, and the Policy hooks — with a Backend that
 // only records what it is asked.
 #include <gtest/gtest.h>
@@ -82,7 +82,7 @@ TEST(EngineLaunch, FetchesTheFootprintAsOneCoalescedCall) {
 }
 
 // One Engine plans one GPU: a launch from another device's context moves nothing and the
-// Policy never sees it (issue 15: a plan for the wrong GPU would pull the kernel's data away).
+// Policy never sees it (a plan for the wrong GPU would pull the kernel's data away).
 TEST(EngineLaunch, ALaunchOnAnotherDeviceIsLeftToTheDriver) {
   Fixture f(8);
   std::uint64_t a = f.alloc(2 * kChunkBytes);
@@ -103,7 +103,7 @@ TEST(EngineLaunch, ALaunchOnAnotherDeviceIsLeftToTheDriver) {
   EXPECT_EQ(s.launches_other_device, 1u);
 }
 
-// Device memory held outside managed memory (issue 15 item 2) shrinks the budget while it
+// Device memory held outside managed memory shrinks the budget while it
 // lives, on the Engine's own device only, and never below 0.
 TEST(EngineLaunch, DeviceMemoryOutsideShrinksTheBudgetWhileItLives) {
   using Kind = Engine::DeviceMemory;
@@ -138,7 +138,7 @@ TEST(EngineLaunch, DeviceMemoryOutsideShrinksTheBudgetWhileItLives) {
   EXPECT_EQ(s.start_budget_bytes, budget);
 }
 
-// Several GPUs (issue 15 item 1): a Backend whose current device the test sets, each device
+// Several GPUs: a Backend whose current device the test sets, each device
 // with its own memory; it records the device each prefetch goes to.
 class TwoDeviceBackend final : public test_support::InstantBackend {
  public:

@@ -1,4 +1,4 @@
-// The `learned` policy (issue 4, DESIGN §4, docs/learned-policy.md) through the policy and
+// The `learned` policy (docs/learned-policy.md) through the policy and
 // the simulator alone: a cyclic sequence larger than the GPU, a phase change, a random
 // pattern against `demand`, and the proof that it never sees the future.
 #include <gtest/gtest.h>
@@ -160,7 +160,7 @@ TEST(LearnedTest, LinkBoundLoopReadsRemotelyInsteadOfThrashing) {
   EXPECT_LT(l.sim.time_ns, d.sim.time_ns);
 }
 
-// The oracle without read-mostly advice and without early write-back (as before issue 13):
+// The oracle without read-mostly advice and without early write-back (as the simulator was before they existed):
 // what learned's prefetching and eviction are compared with where learned does not yet turn
 // read-mostly into free evictions, or write back ahead of need, as well as the oracle does.
 CellResult oracle_without_read_mostly(const CompiledTrace& t, const SimParams& p) {
@@ -610,7 +610,7 @@ TEST(LearnedTest, IdsThatDoNotRecurAreForgottenWithTheHistory) {
   EXPECT_GE(d.policy.known_ids(), max_log / 2);
 }
 
-// Write-back ahead of need (issue 13 item 4): a training loop (12 layers of a 2 MiB weight
+// Write-back ahead of need: a training loop (12 layers of a 2 MiB weight
 // and a 4 MiB activation, forward then backward, 8 steps) on a GPU of half its peak, over a
 // link whose D2H direction is half as fast as H2D. Once the history predicts the loop, the
 // victims the launches just past the lookahead will need room from are evicted early, so

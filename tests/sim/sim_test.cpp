@@ -1,4 +1,4 @@
-// The simulator (issue 3 §3-5, §7): hand-computed tiny traces, conservation, capacity,
+// The simulator: hand-computed tiny traces, conservation, capacity,
 // unlimited memory, ordering against the oracle and the bound, determinism, placement.
 #include <gtest/gtest.h>
 
@@ -445,7 +445,7 @@ TEST(SimTest, LinkProfiles) {
   EXPECT_EQ(p3->fault_batch_ns, 45'000u);
   for (const char* n : {"pcie4", "pcie5", "c2c", "h200"}) EXPECT_TRUE(find_link(n)) << n;
   EXPECT_FALSE(find_link("nvlink9"));
-  // The fault-path slowdown is the profile's: DESIGN §5's 10x unless measured (h200: fault
+  // The fault-path slowdown is the profile's: the assumed 10x unless measured (h200: fault
   // streaming 9.74 GB/s against 14.30 GB/s prefetching).
   EXPECT_DOUBLE_EQ(p3->fault_slowdown, 10.0);
   EXPECT_DOUBLE_EQ(default_params().fault_slowdown, 10.0);
@@ -490,7 +490,7 @@ TEST(SimTest, TimelineBreakdownCountsEachCombinationOfBusyTracks) {
                          "compute+H2D 0.300 s, H2D+D2H 0.200 s, compute+H2D+D2H 0.200 s");
 }
 
-// Write-back ahead of need (issue 13 item 4): in a training loop over twice the GPU, the
+// Write-back ahead of need: in a training loop over twice the GPU, the
 // forward pass's activations must be written back. Evicted when their room is needed, each
 // write-back delays the fetch that needs the room and the kernel that needs the fetch; the
 // oracle evicts them right after their last use instead, so the write-backs overlap the

@@ -1,4 +1,4 @@
-// The shim's own memory is bounded at any run length (issue 17 item 1): a training loop of
+// The shim's own memory is bounded at any run length: a training loop of
 // ten million launches goes through the Engine with `learned` (and the other policies that
 // keep a history) under SPILLWAY_STATE_MEMORY, and the decisions of the last step are those
 // of a run that keeps everything. The bound is checked twice: against the Engine's own
@@ -234,7 +234,7 @@ TEST(StateBound, APhaseRecurringFurtherApartThanTheHistoryIsStillPredicted) {
   EXPECT_EQ(forgotten, 0u);
 }
 
-// The simulator's memory does not grow with the trace (issue 17 item 3): a synthetic loop
+// The simulator's memory does not grow with the trace: a synthetic loop
 // of 10^6 launches (the trace file written here), compiled from the file and replayed under
 // `demand` and `oracle` (the oracle's future and the lower bound walk the whole trace too),
 // takes far less memory than its compiled arrays hold: they live in spill files, and each

@@ -1,4 +1,4 @@
-// Trace format v1: round trips and one test per kind of malformed input (issue 3 §1).
+// Trace format v1: round trips and one test per kind of malformed input.
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>

@@ -203,7 +203,7 @@ TEST(Config, SetOptionUnknownVariable) {
 
 namespace spillway {
 namespace {
-// SPILLWAY_TRACE_WINDOW's forms (issue 17 item 2), and what each refuses.
+// SPILLWAY_TRACE_WINDOW's forms, and what each refuses.
 TEST(Config, TraceWindowForms) {
   auto window = [](const char* v) { return read_with({{"SPILLWAY_TRACE_WINDOW", v}}); };
   ConfigResult r = window("last:500");

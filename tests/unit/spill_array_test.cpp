@@ -1,4 +1,4 @@
-// SpillArray (spillway/spill_array.h, issue 17 item 3): the simulator's file-backed arrays.
+// SpillArray (spillway/spill_array.h): the simulator's file-backed arrays.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
