@@ -195,6 +195,7 @@ CUresult alloc_from_pool(CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool, CUs
 // (capture_registry.h). On a stream the driver does not know: its own error.
 CUresult free_async(CUdeviceptr dptr, CUstream stream, CUstream mapped, CUresult (*real_fn)(CUdeviceptr, CUstream)) {
   if (Engine* e = engine(); e != nullptr && dptr != 0) {
+    std::optional<bool> not_capturing;  // asked once: the Engine is told the answer
     if (e->owns_base(dptr)) {
       bool capturing = false;
       std::uint64_t capture = 0;
@@ -203,9 +204,10 @@ CUresult free_async(CUdeviceptr dptr, CUstream stream, CUstream mapped, CUresult
         interpose::capture_registry().defer_free(capture, dptr);
         return CUDA_SUCCESS;
       }
+      not_capturing = false;
     }
     bool ours = false;
-    Result r = e->release(dptr, reinterpret_cast<StreamHandle>(mapped), &ours);
+    Result r = e->release(dptr, reinterpret_cast<StreamHandle>(mapped), &ours, not_capturing);
     if (ours) return interpose::to_cuda(r);
   }
   return free_outside(dptr, [&] { return real_fn(dptr, stream); });

@@ -134,15 +134,17 @@ void release_captured_frees(CUgraphExec exec, CUstream stream) {
   if (blocks.empty()) return;
   bool capturing = false;
   std::uint64_t capture = 0;
-  if (interpose::capture_of(stream, &capturing, &capture) == CUDA_SUCCESS && capturing) {
+  const bool asked = interpose::capture_of(stream, &capturing, &capture) == CUDA_SUCCESS;
+  if (asked && capturing) {
     for (CUdeviceptr p : blocks) interpose::capture_registry().defer_free(capture, p);
     return;
   }
   Engine* e = interpose::engine();
   if (e == nullptr) return;
+  const std::optional<bool> not_capturing = asked ? std::optional<bool>(false) : std::nullopt;  // asked once
   for (CUdeviceptr p : blocks) {
     bool ours = false;
-    e->release(p, reinterpret_cast<StreamHandle>(stream), &ours);
+    e->release(p, reinterpret_cast<StreamHandle>(stream), &ours, not_capturing);
   }
 }
 

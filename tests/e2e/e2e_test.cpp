@@ -421,6 +421,27 @@ TEST(StreamOrderedFree, BlockIsNotReleasedBeforeTheStreamIsSynchronized) {
   EXPECT_NE(launch->find("p0=" + a), std::string::npos) << "the kernel wrote the managed block: " << *launch;
 }
 
+// A stream-ordered free asks the driver once whether its stream is being captured: the hook's
+// answer (which routes a captured free to its graph) is handed to the Engine.
+TEST(StreamOrderedFree, AsksTheCaptureStateOnce) {
+  std::string log = temp_dir() + "/fake.log";
+  RunResult r = program("async_free", {},
+                        fake_env(true, {{"FAKECUDA_ASYNC", "1"}, {"FAKECUDA_LOG", log}, {"SPILLWAY_SUBALLOCATOR", "off"}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  auto lines = split_lines(read_file(log));
+  auto launch = std::find_if(lines.begin(), lines.end(), [](auto& l) { return call_name(l) == "cuLaunchKernel"; });
+  ASSERT_NE(launch, lines.end());
+  // The free's fence: the first event made with CU_EVENT_DISABLE_TIMING after the launch.
+  auto fence = std::find_if(launch, lines.end(), [](auto& l) {
+    return call_name(l) == "cuEventCreate" && l.find("flags=2 ") != std::string::npos;
+  });
+  ASSERT_NE(fence, lines.end()) << "the deferred free records its event";
+  auto queries = std::count_if(launch, fence, [](auto& l) {
+    return call_name(l) == "cuStreamGetCaptureInfo_v3" || call_name(l) == "cuStreamIsCapturing";
+  });
+  EXPECT_EQ(queries, 1) << "capture queries between the launch and the free's event";
+}
+
 // ---- exclusion ----------------------------------------------------------------------------------
 
 TEST(Exclusion, ExcludedLibrarysAllocationsStayDeviceMemory) {

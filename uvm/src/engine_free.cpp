@@ -13,7 +13,8 @@
 
 namespace spillway {
 
-Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours) {
+Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours,
+                       std::optional<bool> capturing_known) {
   // The address is claimed first: a block being released (by another thread now, or
   // stream-ordered and pending) holds a claim, and the driver must not free it a second time.
   const std::uint64_t claim = gate_.claim(addr);
@@ -26,11 +27,11 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
     *ours = in_suballocator_range(addr);
     return *ours ? Result{Status::invalid_value, 0} : Result{};
   };
-  bool capturing = false;
+  bool capturing = capturing_known.value_or(false);
   if (stream) {
     if (!table_.find_base(addr)) return not_a_block();
     // Never guess the state of a stream the driver does not know: its own error, block kept.
-    if (Result st = backend_.capture_status(*stream, &capturing); !st.ok()) {
+    if (Result st = capturing_known ? Result{} : backend_.capture_status(*stream, &capturing); !st.ok()) {
       gate_.end_claim(addr, claim);
       *ours = true;
       return st;

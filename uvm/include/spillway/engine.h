@@ -187,8 +187,11 @@ class Engine {
   // never waits for the device), and its whole chunks are discarded by that fence. An
   // address inside the Engine's ranges that is no live block's base is ours too
   // (Status::invalid_value: a second free), so no such address ever reaches the driver.
-  // Thread-safe.
-  Result release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours);
+  // `capturing`: whether `stream` is being captured, where the caller has just asked the
+  // driver (the hooks ask, to route a captured free to its graph), so that a stream-ordered
+  // free asks once; nullopt: asked here through Backend::capture_status. Thread-safe.
+  Result release(std::uint64_t addr, std::optional<StreamHandle> stream, bool* ours,
+                 std::optional<bool> capturing = std::nullopt);
 
   // The live block containing `addr`. Thread-safe, allocation-free.
   std::optional<Block> find(std::uint64_t addr) const { return table_.find(addr); }
