@@ -1,4 +1,4 @@
-// The launch hook's added cost (issue 4: ≤ 300 ns median per launch with 10 000 live
+// The launch hook's added cost (goal: ≤ 300 ns median per launch with 10 000 live
 // blocks), measured side by side in one process against the fake driver:
 //   BM_Launch_Direct  the fake's own cuLaunchKernel, taken before libspillway.so is loaded
 //   BM_Launch_Shim    the shim's cuLaunchKernel: layout cache, argument scan (two managed

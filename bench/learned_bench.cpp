@@ -1,4 +1,4 @@
-// Decision cost per launch of the `learned` policy (issue 4: goal <= 2 us mean with 10 000
+// Decision cost per launch of the `learned` policy (goal: <= 2 us mean with 10 000
 // live blocks): Engine::launch with the policy — on_launch, the residency plan, victims —
 // over a Backend that does nothing, so no driver or simulator cost hides it. The program
 // repeats a loop of `kernels` launches, each touching 4 of the live blocks (2 MiB each),

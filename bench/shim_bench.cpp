@@ -100,7 +100,7 @@ void BM_GetProcAddress_Direct(benchmark::State& s) { get_proc(s, g_direct); }
 void BM_GetProcAddress_Shim(benchmark::State& s) { get_proc(s, g_shim); }
 
 // Args: live background blocks (4 KiB each, through the shim), bytes allocated and freed.
-// The shim carves its allocations from managed ranges (the sub-allocator, issue 12): its
+// The shim carves its allocations from managed ranges (the sub-allocator, docs/design.md): its
 // figure is the shim's whole cost, against the fake's own allocation (an mmap) and the fake's
 // cuMemAllocManaged, which the shim calls only once per 64 MiB range.
 BENCHMARK(BM_AllocFree_Direct)->Args({0, 0})->Args({10000, 0})->Args({100000, 0})->Args({100000, 4096});

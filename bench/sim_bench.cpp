@@ -1,4 +1,4 @@
-// The simulator's throughput (issue 3 §8): kernel events simulated per second, per core,
+// The simulator's throughput: kernel events simulated per second, per core,
 // on the bundled traces and on a synthetic trace of small kernels (the per-event overhead:
 // Engine::launch + Policy::on_launch + SimBackend::run). Reading and compiling a trace is
 // measured separately (BM_ReadAndCompile).

@@ -1,5 +1,5 @@
 // linkbench: measures the GPU<->host link as managed memory sees it, for the simulator's
-// link profile (DESIGN §5): explicit prefetch bandwidth each way (cuMemPrefetchAsync in
+// link profile (docs/simulator.md): explicit prefetch bandwidth each way (cuMemPrefetchAsync in
 // 2 MiB and 64 KiB pieces), fault-driven migration throughput (a kernel streaming over data
 // resident on the host), and the cost of a far fault (one touch per 2 MiB / 64 KiB, so the
 // time is dominated by fault handling). Pinned cudaMemcpy is the reference.
