@@ -104,6 +104,16 @@ std::uint64_t CudaBackend::current_context() {
   return reinterpret_cast<std::uint64_t>(ctx);
 }
 
+Backend::ContextAndDevice CudaBackend::current_context_and_device() {
+  ShimCallScope scope;
+  CUcontext ctx = nullptr;
+  if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+  // (No context: current_device()'s answer then, 0. A context whose device the driver did
+  // not say: asked again, as current_device() would.)
+  const int device = ctx == nullptr ? 0 : note_context(ctx);
+  return ContextAndDevice{reinterpret_cast<std::uint64_t>(ctx), device >= 0 ? device : current_device()};
+}
+
 bool CudaBackend::concurrent_managed_access() {
   ShimCallScope scope;
   if (real().cuDeviceGetAttribute == nullptr) return false;

@@ -24,6 +24,7 @@ class CudaBackend final : public Backend {
   bool concurrent_managed_access() override;
   int current_device() override;
   std::uint64_t current_context() override;
+  ContextAndDevice current_context_and_device() override;
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override;
   Result free_managed(std::uint64_t addr) override;
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) override;

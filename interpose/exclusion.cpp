@@ -9,9 +9,10 @@
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
-#include <shared_mutex>
 #include <vector>
 
 #include "shim.h"
@@ -29,9 +30,14 @@ struct Loaded {
 
 // Never destroyed: allocations on other threads may check exclusion while exit() runs the
 // static destructors.
-std::shared_mutex& g_mutex = *new std::shared_mutex;
+std::mutex& g_mutex = *new std::mutex;
 std::vector<Range>& g_ranges = *new std::vector<Range>;  // executable segments of excluded libraries
 Loaded g_seen{~0ull, ~0ull};
+// The common answer without the lock: the loaded objects' counters (adds in the high half,
+// subs in the low) when the last scan found no excluded library, ~0 otherwise. Written
+// under g_mutex after g_seen and g_ranges.
+std::atomic<std::uint64_t> g_none_loaded_at{~0ull};
+std::uint64_t packed(const Loaded& l) { return (l.adds << 32) | (l.subs & 0xffffffffull); }
 
 int read_counters(struct dl_phdr_info* info, size_t size, void* data) {
   auto* out = static_cast<Loaded*>(data);
@@ -78,19 +84,17 @@ bool allocation_excluded() {
   if (e == nullptr || e->config().exclude.empty()) return false;
   Loaded now;
   dl_iterate_phdr(read_counters, &now);
-  {
-    std::shared_lock lock(g_mutex);
-    if (now.adds == g_seen.adds && now.subs == g_seen.subs && g_ranges.empty()) return false;
-  }
+  if (g_none_loaded_at.load(std::memory_order_acquire) == packed(now)) return false;
   std::vector<Range> ranges;
   {
-    std::unique_lock lock(g_mutex);
+    std::lock_guard lock(g_mutex);
     if (now.adds != g_seen.adds || now.subs != g_seen.subs) {
       g_ranges.clear();
       Collect c{&e->config().exclude, &g_ranges};
       dl_iterate_phdr(collect, &c);
       g_seen = now;
     }
+    g_none_loaded_at.store(g_ranges.empty() ? packed(g_seen) : ~0ull, std::memory_order_release);
     if (g_ranges.empty()) return false;
     ranges = g_ranges;
   }

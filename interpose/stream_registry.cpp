@@ -32,8 +32,14 @@ bool context_known_locked(CUcontext ctx) {
   return std::any_of(g_contexts.begin(), g_contexts.end(), [ctx](const auto& c) { return c.first == ctx; });
 }
 std::atomic<std::uint64_t> g_contexts_forgotten{0};  // forget_context() calls: thread caches below go stale
-thread_local CUcontext t_noted_context = nullptr;     // the last this thread registered
-thread_local std::uint64_t t_noted_generation = 0;    // ... when g_contexts_forgotten was this
+// The last context this thread registered, its device (-1: the driver did not say) and
+// g_contexts_forgotten when it did: one thread-local block, one TLS lookup.
+struct NotedContext {
+  CUcontext context = nullptr;
+  std::uint64_t generation = 0;
+  int device = -1;
+};
+thread_local NotedContext t_noted;
 
 }  // namespace
 
@@ -43,16 +49,17 @@ void note_current_context() {
   note_context(ctx);
 }
 
-void note_context(CUcontext ctx) {
-  if (ctx == nullptr) return;
+int note_context(CUcontext ctx) {
+  if (ctx == nullptr) return -1;
+  NotedContext& noted = t_noted;
   const std::uint64_t generation = g_contexts_forgotten.load(std::memory_order_acquire);
-  if (ctx == t_noted_context && generation == t_noted_generation) return;
+  if (ctx == noted.context && generation == noted.generation) return noted.device;
   CUdevice device = -1;
   if (real().cuCtxGetDevice == nullptr || real().cuCtxGetDevice(&device) != CUDA_SUCCESS) device = -1;
   std::lock_guard lock(g_contexts_mutex);
   if (!context_known_locked(ctx)) g_contexts.emplace_back(ctx, device);
-  t_noted_context = ctx;
-  t_noted_generation = generation;
+  noted = NotedContext{ctx, generation, device};
+  return device;
 }
 
 void note_launch_stream(CUstream stream) {

@@ -68,7 +68,9 @@ void note_current_context();
 // The same for `ctx`, the calling thread's current context as just read (nullptr: nothing):
 // CudaBackend::current_context, which the Engine asks while it allocates, so a context
 // allocated in (a carved block makes no driver call) is fenced from then on (docs/multi-gpu.md).
-void note_context(CUcontext ctx);
+// Returns its device (cuCtxGetDevice, asked once per context and thread until a context is
+// forgotten), -1 when the driver does not say or ctx is nullptr.
+int note_context(CUcontext ctx);
 // A kernel is being launched on `stream` (LaunchOrderScope): it is one of the recent
 // launching streams an eviction orders itself after.
 void note_launch_stream(CUstream stream);

@@ -486,6 +486,20 @@ TEST(Threads, SixteenThreadsMillionAllocationsLeaveTheTableConsistent) {
   EXPECT_EQ(j["bytes"]["managed_now"], j["suballocator"]["range_bytes"]) << j.dump();
 }
 
+// An allocation asks the driver for its context only: the context's device is asked once per
+// thread (until a context ends), not once per allocation.
+TEST(Threads, AllocationsAskTheContextsDeviceOncePerThread) {
+  std::string log = temp_dir() + "/fake.log";
+  RunResult r = program("threads", {"2", "400"}, fake_env(true, {{"FAKECUDA_LOG", log}}));
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(field(r.out, "failures"), "0");
+  auto lines = split_lines(read_file(log));
+  const auto allocs = std::count_if(lines.begin(), lines.end(), [](auto& l) { return call_name(l) == "cuCtxGetCurrent"; });
+  const auto device_queries = std::count_if(lines.begin(), lines.end(), [](auto& l) { return call_name(l) == "cuCtxGetDevice"; });
+  EXPECT_GE(allocs, 400) << "every allocation reads its context";
+  EXPECT_LT(device_queries, 40) << "device queries for 400 allocations on 2 threads";
+}
+
 // ---- settings, report, log -------------------------------------------------------------------------
 
 TEST(Settings, BadBudgetIsOneLineAndTheProgramRunsWithDeviceMemory) {

@@ -46,7 +46,17 @@ bool AllocationTable::insert(const Block& block) {
   auto next = blocks_.lower_bound(block.base);
   if (next != blocks_.end() && next->first < block.end()) return false;
   if (next != blocks_.begin() && std::prev(next)->second.end() > block.base) return false;
-  const Block* b = &blocks_.emplace_hint(next, block.base, block)->second;
+  Blocks::iterator at;
+  if (!spare_.empty()) {
+    Blocks::node_type node = std::move(spare_.back());
+    spare_.pop_back();
+    node.key() = block.base;
+    node.mapped() = block;
+    at = blocks_.insert(next, std::move(node));
+  } else {
+    at = blocks_.emplace_hint(next, block.base, block);
+  }
+  const Block* b = &at->second;
   bytes_ += block.bytes;
   const std::uint64_t first = chunk_of(block.base), last = chunk_of(block.end() - 1);
   if (last > first + 1) index_.assign(first + 1, last, b);  // its own
@@ -67,7 +77,12 @@ std::optional<Block> AllocationTable::erase(std::uint64_t base) {
   if (it == blocks_.end()) return std::nullopt;
   Block b = it->second;
   bytes_ -= b.bytes;
-  blocks_.erase(it);
+  if (spare_.size() < kSpareNodes) {
+    if (spare_.capacity() == 0) spare_.reserve(kSpareNodes);
+    spare_.push_back(blocks_.extract(it));
+  } else {
+    blocks_.erase(it);
+  }
   const std::uint64_t first = chunk_of(b.base), last = chunk_of(b.end() - 1);
   if (last > first + 1) index_.assign(first + 1, last, nullptr);
   // An end chunk this block had alone is empty now; a shared one is searched again.
@@ -135,7 +150,7 @@ std::uint64_t AllocationTable::bytes() const {
 
 std::uint64_t AllocationTable::state_bytes() const {
   std::shared_lock lock(mutex_);
-  return tree_heap_bytes<decltype(blocks_)>(blocks_.size()) +
+  return tree_heap_bytes<Blocks>(blocks_.size() + spare_.size()) + spare_.capacity() * sizeof(Blocks::node_type) +
          index_.heap_bytes();
 }
 

@@ -103,10 +103,9 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   if (bytes == 0 || addr == nullptr) return Result{Status::invalid_value, 0};
   if (!usable()) return Result{Status::not_supported, 0};
   // The block belongs to the current device: its plan (opened now if it has none).
-  const int device = backend_.current_device();
+  const auto [context_handle, device] = backend_.current_context_and_device();
   DevicePlan* plan = open_plan(device);
   if (plan == nullptr) return Result{Status::not_supported, 0};
-  const std::uint64_t context_handle = backend_.current_context();
   std::uint16_t context = 0;
   if (deferred_.any()) reclaim(false);
   const bool sub = sub_.enabled();

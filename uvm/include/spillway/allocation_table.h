@@ -62,8 +62,14 @@ class AllocationTable {
   void reindex(std::uint64_t chunk);  // recomputes a chunk's slot from blocks_
   std::optional<Block> find_locked(std::uint64_t addr) const;  // find(), with mutex_ held
 
+  using Blocks = std::map<std::uint64_t, Block>;
+  // A node of blocks_ for the next insert(): erase() keeps a few, so that an allocation and
+  // a free in turn, the shim's common pair, take no heap call.
+  static constexpr std::size_t kSpareNodes = 32;
+
   mutable std::shared_mutex mutex_;
-  std::map<std::uint64_t, Block> blocks_;  // keyed by base
+  Blocks blocks_;  // keyed by base
+  std::vector<Blocks::node_type> spare_;
   Index index_;
   std::uint64_t bytes_ = 0;
 };

@@ -34,6 +34,14 @@ class Backend {
   // cuDevicePrimaryCtxReset, "Destroy all allocations and reset all state on the primary
   // context"; CUDA Driver API, Context Management and Primary Context Management).
   virtual std::uint64_t current_context() { return 0; }
+  // Both at once, as current_context() and current_device() answer them: one question to
+  // the driver where a Backend can tell a context's device without asking again (a
+  // context's device never changes; CUDA Driver API, cuCtxCreate).
+  struct ContextAndDevice {
+    std::uint64_t context = 0;
+    int device = 0;
+  };
+  virtual ContextAndDevice current_context_and_device() { return ContextAndDevice{current_context(), current_device()}; }
 
   // Allocates `bytes` of managed memory attached globally (cuMemAllocManaged with
   // CU_MEM_ATTACH_GLOBAL); stores its address in *addr. Status::out_of_memory when the
