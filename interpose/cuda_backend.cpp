@@ -94,20 +94,14 @@ int CudaBackend::current_device() {
   return dev;
 }
 
-std::uint64_t CudaBackend::current_context() {
-  ShimCallScope scope;
-  CUcontext ctx = nullptr;
-  if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) return 0;
-  // (The Engine asks while it allocates in `ctx`: a carved block needs no driver call, so the
-  // context is registered here for the fences to cover it.)
-  note_context(ctx);
-  return reinterpret_cast<std::uint64_t>(ctx);
-}
+std::uint64_t CudaBackend::current_context() { return current_context_and_device().context; }
 
 Backend::ContextAndDevice CudaBackend::current_context_and_device() {
   ShimCallScope scope;
   CUcontext ctx = nullptr;
   if (real().cuCtxGetCurrent == nullptr || real().cuCtxGetCurrent(&ctx) != CUDA_SUCCESS) ctx = nullptr;
+  // (The Engine asks while it allocates in `ctx`: a carved block needs no driver call, so the
+  // context is registered here, by note_context, for the fences to cover it.)
   // (No context: current_device()'s answer then, 0. A context whose device the driver did
   // not say: asked again, as current_device() would.)
   const int device = ctx == nullptr ? 0 : note_context(ctx);

@@ -101,7 +101,7 @@ class FencedSubAllocator {
     std::vector<ParkedRange> ranges;
   };
   struct ContextRanges {
-    std::uint64_t handle = 0;  // Backend::current_context()
+    std::uint64_t handle = 0;  // Backend::current_context_and_device().context
     bool ending = false;       // begin_context_end(): no discard of its ranges
     SubAllocator sub;
   };
