@@ -21,6 +21,7 @@
 
 #include "policies.h"
 #include "spillway/output_file.h"
+#include "spillway/report.h"
 #include "spillway/sim/simulator.h"
 #include "spillway/size.h"
 #include "spillway/trace.h"
@@ -290,19 +291,28 @@ std::string csv_field(const std::string& v) {
   return out + "\"";
 }
 
+// Calls per launch; 0 for a trace without launches.
+double calls_per_launch(std::uint64_t calls, std::uint64_t launches) {
+  return launches == 0 ? 0.0 : static_cast<double>(calls) / static_cast<double>(launches);
+}
+
 // Throws std::runtime_error "cannot write PATH: REASON" (OutputFile) on any failure.
 void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows) {
   OutputFile out(path);
   // bound_ns: the two-direction bound (spillway/sim/bound.h); h2d_bound_ns: the bound before
   // it, max(compute, MIN_H2D / B_h2d); cut_bound_ns: the cut bound alone.
   out.write("trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
-            "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns,policy_params\n");
+            "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns,h2d_call_bytes_median,h2d_call_bytes_p90,"
+            "d2h_call_bytes_median,d2h_call_bytes_p90,h2d_calls_per_launch,policy_params\n");
   for (const auto& r : rows) {
     // (policy and policy_params hold commas when tunables are given: quoted, RFC 4180.)
-    out.write(fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{},{}\n", r.trace, csv_field(r.policy), r.allocator,
-                          r.link, r.capacity_bytes, r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns,
+    const CallSizes& in = r.engine.h2d_calls;
+    const CallSizes& out_calls = r.engine.d2h_calls;
+    out.write(fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{}\n", r.trace, csv_field(r.policy),
+                          r.allocator, r.link, r.capacity_bytes, r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns,
                           r.sim.h2d_bytes, r.sim.d2h_bytes, r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes,
-                          r.h2d_bound_ns, r.cut_bound_ns, csv_field(r.policy_params)));
+                          r.h2d_bound_ns, r.cut_bound_ns, in.quantile(0.5), in.quantile(0.9), out_calls.quantile(0.5),
+                          out_calls.quantile(0.9), calls_per_launch(in.calls(), r.engine.launches), csv_field(r.policy_params)));
   }
   out.close();
 }
@@ -656,6 +666,7 @@ int run_replay(SimCommands::Options& o) {
       seconds(s.wait_ns), gbytes(s.prefetch_bytes), gbytes(s.prefetch_used_bytes), gbytes(s.remote_bytes), s.driver_evictions,
       r.engine.evicted_chunks, seconds(r.bound_ns), seconds(r.cut_bound_ns), bound.cut.cuts.size(), seconds(r.h2d_bound_ns),
       r.min_fetch.chunks, gbytes(r.min_fetch.bytes));
+  std::cout << describe_calls(r.engine) << "\n";
   if (o.breakdown) std::cout << "time by what was busy: " << sim::describe(sim::breakdown(spans)) << "\n";
   if (!o.timeline.empty()) {
     sim::write_timeline(o.timeline, t, r, spans);

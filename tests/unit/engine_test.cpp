@@ -410,6 +410,9 @@ TEST(Report, JsonHasEveryFigure) {
   s.evict_to_cpu_bytes = 24;
   s.advise_calls = 25;
   s.backend_errors = 26;
+  for (int i = 0; i < 9; ++i) s.h2d_calls.add(2u << 20);  // nine 2 MiB prefetches
+  s.h2d_calls.add(96u << 20);                                // one 96 MiB prefetch
+  s.d2h_calls.add(4096);
   nlohmann::json j = stats_json(s);
   EXPECT_EQ(j["policy"], "advise");
   EXPECT_EQ(j["allocations"]["redirected"], 11);
@@ -428,7 +431,13 @@ TEST(Report, JsonHasEveryFigure) {
   EXPECT_EQ(j["bytes"]["evicted_to_host"], 24);
   EXPECT_EQ(j["advise_calls"], 25);
   EXPECT_EQ(j["driver_calls_refused"], 26);
+  EXPECT_EQ(j["calls"]["h2d"]["calls"], 10);
+  EXPECT_EQ(j["calls"]["h2d"]["bytes_median"], 2u << 20);
+  EXPECT_EQ(j["calls"]["h2d"]["bytes_p90"], 2u << 20) << "nearest rank: the 9th of 10";
+  EXPECT_EQ(j["calls"]["d2h"]["calls"], 1);
+  EXPECT_EQ(j["calls"]["d2h"]["bytes_median"], 4096);
   std::string table = stats_table(s);
+  EXPECT_NE(table.find("move calls"), std::string::npos) << table;
   EXPECT_NE(table.find("allocations redirected"), std::string::npos) << table;
   EXPECT_NE(table.find("11"), std::string::npos) << table;
   EXPECT_NE(table.find("advise"), std::string::npos) << table;

@@ -50,6 +50,7 @@ std::uint64_t Engine::own_state_bytes_locked() const {
   std::uint64_t residency = 0;
   plans_.for_each([&](const DevicePlan& p) { residency += p.residency.state_bytes(); });
   plans_.for_each([&](const DevicePlan& p) { residency += vector_heap_bytes(p.missing); });
+  plans_.for_each([&](const DevicePlan& p) { residency += p.counters.h2d_calls.state_bytes() + p.counters.d2h_calls.state_bytes(); });
   return table_.state_bytes() + residency + deferred_.state_bytes() + faults_.state_bytes() +
          own_state_.sub_bytes.load(std::memory_order_relaxed);
 }
@@ -250,6 +251,8 @@ Stats Engine::stats_locked() const {
     // closed, so no device's moves leave the totals.)
     s.prefetch_to_gpu_bytes += d.prefetch_to_gpu_bytes;
     s.evict_to_cpu_bytes += d.evict_to_cpu_bytes;
+    s.h2d_calls.merge(d.h2d_calls);
+    s.d2h_calls.merge(d.d2h_calls);
     s.prefetched_chunks += d.prefetched_chunks;
     s.evicted_chunks += d.evicted_chunks;
     s.dropped_prefetch_chunks += d.dropped_prefetch_chunks;

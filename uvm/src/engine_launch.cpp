@@ -53,8 +53,10 @@ void Engine::count_move(DevicePlan& plan, Location to, std::uint64_t bytes, cons
     ++counters_.backend_errors;
   } else if (to == Location::gpu) {
     plan.counters.prefetch_to_gpu_bytes += bytes;
+    plan.counters.h2d_calls.add(bytes);
   } else {
     plan.counters.evict_to_cpu_bytes += bytes;
+    plan.counters.d2h_calls.add(bytes);
   }
 }
 

@@ -2,10 +2,20 @@
 
 #include <fmt/format.h>
 
+#include <vector>
+
 #include "spillway/output_file.h"
 #include "spillway/size.h"
 
 namespace spillway {
+
+std::string describe_calls(const Stats& s) {
+  auto one = [](const CallSizes& c) {
+    return fmt::format("{} (median {}, p90 {})", c.calls(), format_bytes(c.quantile(0.5)), format_bytes(c.quantile(0.9)));
+  };
+  const double per_launch = s.launches == 0 ? 0.0 : static_cast<double>(s.h2d_calls.calls()) / static_cast<double>(s.launches);
+  return fmt::format("H2D {}, {:.2f} per launch; D2H {}", one(s.h2d_calls), per_launch, one(s.d2h_calls));
+}
 
 std::string stats_table(const Stats& s) {
   std::string out;
@@ -30,6 +40,7 @@ std::string stats_table(const Stats& s) {
   }
   row("prefetched to GPU", format_bytes(s.prefetch_to_gpu_bytes));
   row("evicted to host", format_bytes(s.evict_to_cpu_bytes));
+  row("move calls", describe_calls(s));
   row("advise calls", fmt::format("{}", s.advise_calls));
   row("fault feedback", s.fault_feedback == "off" || s.fault_feedback.starts_with("off:")
                             ? s.fault_feedback
@@ -49,9 +60,14 @@ std::string stats_table(const Stats& s) {
   return out;
 }
 
-nlohmann::json stats_json(const Stats& s) {
+namespace {
+nlohmann::json calls_json(const CallSizes& c) {
+  return nlohmann::json{{"calls", c.calls()}, {"bytes_median", c.quantile(0.5)}, {"bytes_p90", c.quantile(0.9)}};
+}
+
+nlohmann::json devices_json(const std::vector<DeviceStats>& all) {
   nlohmann::json devices = nlohmann::json::array();
-  for (const DeviceStats& d : s.devices) {
+  for (const DeviceStats& d : all) {
     devices.push_back({{"device", d.device},
                        {"launches", d.launches},
                        {"prefetched_chunks", d.prefetched_chunks},
@@ -68,6 +84,11 @@ nlohmann::json stats_json(const Stats& s) {
                          {"prefetched_to_gpu", d.prefetch_to_gpu_bytes},
                          {"evicted_to_host", d.evict_to_cpu_bytes}}}});
   }
+  return devices;
+}
+}  // namespace
+
+nlohmann::json stats_json(const Stats& s) {
   return nlohmann::json{
       {"policy", s.policy},
       {"allocations",
@@ -105,11 +126,12 @@ nlohmann::json stats_json(const Stats& s) {
        {{"now", s.state_bytes},
         {"peak", s.state_peak_bytes},
         {"budget", s.state_budget_bytes}}},
+      {"calls", {{"h2d", calls_json(s.h2d_calls)}, {"d2h", calls_json(s.d2h_calls)}}},
       {"launches", s.launches},
       {"launches_other_device", s.launches_other_device},
       {"advise_calls", s.advise_calls},
       {"driver_calls_refused", s.backend_errors},
-      {"devices", devices},
+      {"devices", devices_json(s.devices)},
   };
 }
 

@@ -27,6 +27,7 @@
 #include "spillway/device_plans.h"
 #include "spillway/fault_router.h"
 #include "spillway/fenced_suballocator.h"
+#include "spillway/call_sizes.h"
 #include "spillway/managed_cap.h"
 #include "spillway/outside_memory.h"
 #include "spillway/plan_order.h"
@@ -48,6 +49,8 @@ struct DeviceStats {
   std::uint64_t launches = 0;                 // launches planned on it
   std::uint64_t prefetch_to_gpu_bytes = 0;    // moved to it
   std::uint64_t evict_to_cpu_bytes = 0;       // moved from it toward the host
+  CallSizes h2d_calls;                        // the Backend::prefetch calls that moved them, by bytes
+  CallSizes d2h_calls;
   std::uint64_t prefetched_chunks = 0;
   std::uint64_t evicted_chunks = 0;
   std::uint64_t dropped_prefetch_chunks = 0;
@@ -70,6 +73,8 @@ struct Stats {
   std::uint64_t peak_over_budget_bytes = 0;   // max(managed - budget, 0) over time
   std::uint64_t prefetch_to_gpu_bytes = 0;
   std::uint64_t evict_to_cpu_bytes = 0;       // prefetches toward the host
+  CallSizes h2d_calls;                        // the calls that moved them (the devices' merged)
+  CallSizes d2h_calls;
   std::uint64_t advise_calls = 0;
   std::uint64_t backend_errors = 0;           // prefetch/advise/event calls the Backend refused
   std::uint64_t budget_bytes = 0;             // the budget now: at start, less outside_device_bytes
