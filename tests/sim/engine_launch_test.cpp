@@ -81,6 +81,32 @@ TEST(EngineLaunch, FetchesTheFootprintAsOneCoalescedCall) {
   EXPECT_EQ(f.engine.stats().launches, 2u);
 }
 
+// Making room one chunk at a time interleaves an eviction with each fetch; issued in that
+// order, every call would move one chunk. Grouped by direction, a block that leaves and a
+// block that arrives are one call each, and the chunk counts are those of the plan.
+TEST(EngineLaunch, EvictionsAndFetchesFormOneRunEach) {
+  Fixture f(4);
+  std::uint64_t a = f.alloc(4 * kChunkBytes), b = f.alloc(4 * kChunkBytes);
+  f.launch({{a, 4 * kChunkBytes, false}});
+  f.backend.calls.clear();
+  f.launch({{b, 4 * kChunkBytes, false}});
+  ASSERT_EQ(f.backend.calls.size(), 2u);
+  EXPECT_EQ(f.backend.calls[0].addr, a);
+  EXPECT_EQ(f.backend.calls[0].bytes, 4 * kChunkBytes);
+  EXPECT_EQ(f.backend.calls[0].to, Location::cpu);
+  EXPECT_EQ(f.backend.calls[1].addr, b);
+  EXPECT_EQ(f.backend.calls[1].bytes, 4 * kChunkBytes);
+  EXPECT_EQ(f.backend.calls[1].to, Location::gpu);
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 4u);
+  EXPECT_FALSE(f.engine.planned_resident(chunk_of(a)));
+  EXPECT_TRUE(f.engine.planned_resident(chunk_of(b)));
+  Stats s = f.engine.stats();
+  EXPECT_EQ(s.h2d_calls.calls(), 2u);
+  EXPECT_EQ(s.h2d_calls.quantile(0.5), 4 * kChunkBytes);
+  EXPECT_EQ(s.d2h_calls.calls(), 1u);
+  EXPECT_EQ(s.d2h_calls.quantile(0.5), 4 * kChunkBytes);
+}
+
 // One Engine plans one GPU: a launch from another device's context moves nothing and the
 // Policy never sees it (a plan for the wrong GPU would pull the kernel's data away).
 TEST(EngineLaunch, ALaunchOnAnotherDeviceIsLeftToTheDriver) {
@@ -731,13 +757,14 @@ TEST(EngineLaunch, CorrelationPrefetchesWhatFollowedLastTime) {
   run(a, 1);
   // Launch 1 needs a (b goes, the least recently used); last time 1 was followed by 2,
   // which used b: the policy prefetches b, and c (used by 3, after 2) goes to make room.
+  // The evictions are issued first, then the fetches, each in the order the plan made them.
   ASSERT_EQ(f.backend.calls.size(), 4u);
   EXPECT_EQ(f.backend.calls[0].addr, b);
   EXPECT_EQ(f.backend.calls[0].to, Location::cpu);
-  EXPECT_EQ(f.backend.calls[1].addr, a);
-  EXPECT_EQ(f.backend.calls[1].to, Location::gpu);
-  EXPECT_EQ(f.backend.calls[2].addr, c);
-  EXPECT_EQ(f.backend.calls[2].to, Location::cpu);
+  EXPECT_EQ(f.backend.calls[1].addr, c);
+  EXPECT_EQ(f.backend.calls[1].to, Location::cpu);
+  EXPECT_EQ(f.backend.calls[2].addr, a);
+  EXPECT_EQ(f.backend.calls[2].to, Location::gpu);
   EXPECT_EQ(f.backend.calls[3].addr, b);
   EXPECT_EQ(f.backend.calls[3].to, Location::gpu);
 }

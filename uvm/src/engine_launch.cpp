@@ -110,6 +110,20 @@ void Engine::plan_launch(DevicePlan& plan, const Launch& launch, const EngineAct
   const AllocationTable::Reader table(table_);  // (no allocation, free or driver call below)
   fetch_missing(plan, launch, table, moves, held);
   fetch_policy_prefetches(plan, actions, table, moves);
+  group_by_direction(moves);
+}
+
+void Engine::group_by_direction(std::vector<Move>& moves) {
+  // make_room interleaves an eviction with each fetch, so neither direction's chunks are ever
+  // adjacent in the list and run_end merges nothing: every call moves one 2 MiB chunk, the
+  // shape that never pipelines in the driver (UvmMigrate in nvidia-uvm's uvm_migrate.c walks
+  // one VA block at a time and overlaps copy and map only within a call that spans several;
+  // docs/design.md, "One launch"). Evictions first, then fetches, each in plan order, lets
+  // adjacent chunks form one call. The plan's outcome is unchanged: a chunk fetched by this
+  // plan is pinned and never its victim, so no fetch precedes an eviction of the same chunk,
+  // and an eviction followed by a fetch of one chunk keeps that order; the budget holds at
+  // every step, since all the room is made before anything arrives.
+  std::stable_partition(moves.begin(), moves.end(), [](const Move& m) { return m.to == Location::cpu; });
 }
 
 void Engine::pin_footprint(DevicePlan& plan, const Launch& launch, std::vector<ChunkIndex>* held) {

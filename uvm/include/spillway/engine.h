@@ -422,6 +422,8 @@ class Engine {
   // it belongs to, when known.
   bool fetch_chunk(DevicePlan& plan, ChunkIndex c, const Block* block, bool hold, std::vector<Move>& moves);
   bool make_room(DevicePlan& plan, std::vector<Move>& moves);
+  // Reorders a launch's moves: evictions, then fetches, each in plan order (engine_launch.cpp).
+  static void group_by_direction(std::vector<Move>& moves);
   // Takes resident chunk `c` out of `plan` and queues its move to the host.
   void plan_eviction(DevicePlan& plan, ChunkIndex c, std::vector<Move>& moves);
   // `c` is planned onto `plan`'s device: it leaves any other device's plan (the prefetch
