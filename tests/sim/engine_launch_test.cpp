@@ -107,6 +107,41 @@ TEST(EngineLaunch, EvictionsAndFetchesFormOneRunEach) {
   EXPECT_EQ(s.d2h_calls.quantile(0.5), 4 * kChunkBytes);
 }
 
+// Victims taken highest chunk first (a furthest-use ranking breaks ties by the higher index)
+// still leave as one call: a descending stretch of one block is one run.
+class HighestFirst final : public Policy {
+ public:
+  std::string_view name() const override { return "highest-first"; }
+  bool manages_residency() const override { return true; }
+  bool choose_victim(const VictimQuery& q, ChunkIndex* victim) override {
+    bool found = false;
+    q.for_each_lru([&](ChunkIndex c) {
+      if (!q.pinned(c) && (!found || c > *victim)) {
+        *victim = c;
+        found = true;
+      }
+      return true;
+    });
+    return found;
+  }
+};
+
+TEST(EngineLaunch, VictimsTakenHighestFirstLeaveAsOneCall) {
+  Fixture f(4, std::make_unique<HighestFirst>());
+  std::uint64_t a = f.alloc(4 * kChunkBytes), b = f.alloc(4 * kChunkBytes);
+  f.launch({{a, 4 * kChunkBytes, false}});
+  f.backend.calls.clear();
+  f.launch({{b, 4 * kChunkBytes, false}});
+  ASSERT_EQ(f.backend.calls.size(), 2u);
+  EXPECT_EQ(f.backend.calls[0].addr, a);
+  EXPECT_EQ(f.backend.calls[0].bytes, 4 * kChunkBytes);
+  EXPECT_EQ(f.backend.calls[0].to, Location::cpu);
+  EXPECT_EQ(f.backend.calls[1].addr, b);
+  EXPECT_EQ(f.backend.calls[1].to, Location::gpu);
+  EXPECT_FALSE(f.engine.planned_resident(chunk_of(a)));
+  EXPECT_EQ(f.engine.planned_resident_chunks(), 4u);
+}
+
 // One Engine plans one GPU: a launch from another device's context moves nothing and the
 // Policy never sees it (a plan for the wrong GPU would pull the kernel's data away).
 TEST(EngineLaunch, ALaunchOnAnotherDeviceIsLeftToTheDriver) {

@@ -124,6 +124,19 @@ void Engine::group_by_direction(std::vector<Move>& moves) {
   // and an eviction followed by a fetch of one chunk keeps that order; the budget holds at
   // every step, since all the room is made before anything arrives.
   std::stable_partition(moves.begin(), moves.end(), [](const Move& m) { return m.to == Location::cpu; });
+  // A ranking that takes the furthest predicted use first gives a tie's chunks highest index
+  // first (learned's (next use, chunk) order): such a descending stretch of one block is
+  // turned around, so that run_end finds it as one run. Its chunks all move the same way
+  // before anything arrives, so their order among themselves changes nothing else.
+  for (std::size_t i = 0; i < moves.size();) {
+    std::size_t j = i + 1;
+    while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk + 1 == moves[j - 1].chunk &&
+           moves[j].base == moves[i].base && moves[j].end == moves[i].end) {
+      ++j;
+    }
+    std::reverse(moves.begin() + static_cast<std::ptrdiff_t>(i), moves.begin() + static_cast<std::ptrdiff_t>(j));
+    i = j;
+  }
 }
 
 void Engine::pin_footprint(DevicePlan& plan, const Launch& launch, std::vector<ChunkIndex>* held) {

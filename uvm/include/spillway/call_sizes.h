@@ -3,7 +3,7 @@
 // simulator's sweep state the same figures: how many calls, and the median and 90th
 // percentile bytes per call. The call's size is what decides how well the driver fills the
 // link: nvidia-uvm's uvm_migrate.c walks a prefetch one 2 MiB VA block at a time and
-// pipelines copy and map only across the blocks of one call (docs/simulator.md, "Call shape").
+// pipelines copy and map only across the blocks of one call (docs/design.md, "One launch").
 //
 // Log-linear buckets, as HdrHistogram keeps them: sizes below 32 bytes exactly, larger ones in
 // 16 buckets per power of two, so a quantile is rounded down by less than 1/16 of its value
