@@ -81,11 +81,11 @@ TEST(EngineLaunch, FetchesTheFootprintAsOneCoalescedCall) {
   EXPECT_EQ(f.engine.stats().launches, 2u);
 }
 
-// Making room one chunk at a time interleaves an eviction with each fetch; issued in that
-// order, every call would move one chunk. Grouped by direction, a block that leaves and a
-// block that arrives are one call each, and the chunk counts are those of the plan.
-TEST(EngineLaunch, EvictionsAndFetchesFormOneRunEach) {
-  Fixture f(4);
+// Block `a` (4 chunks) resident on a 4-chunk budget, then a launch that needs block `b`
+// (4 chunks): `a` must leave as one call and `b` arrive as one, whatever order the Policy
+// gives its victims in.
+void ExpectOneEvictionThenOneFetch(std::unique_ptr<Policy> policy) {
+  Fixture f(4, std::move(policy));
   std::uint64_t a = f.alloc(4 * kChunkBytes), b = f.alloc(4 * kChunkBytes);
   f.launch({{a, 4 * kChunkBytes, false}});
   f.backend.calls.clear();
@@ -107,6 +107,11 @@ TEST(EngineLaunch, EvictionsAndFetchesFormOneRunEach) {
   EXPECT_EQ(s.d2h_calls.quantile(0.5), 4 * kChunkBytes);
 }
 
+// Making room one chunk at a time interleaves an eviction with each fetch; issued in that
+// order, every call would move one chunk. Grouped by direction, a block that leaves and a
+// block that arrives are one call each, and the chunk counts are those of the plan.
+TEST(EngineLaunch, EvictionsAndFetchesFormOneRunEach) { ExpectOneEvictionThenOneFetch(std::make_unique<PlanOnly>()); }
+
 // Victims taken highest chunk first (a furthest-use ranking breaks ties by the higher index)
 // still leave as one call: a descending stretch of one block is one run.
 class HighestFirst final : public Policy {
@@ -127,19 +132,7 @@ class HighestFirst final : public Policy {
 };
 
 TEST(EngineLaunch, VictimsTakenHighestFirstLeaveAsOneCall) {
-  Fixture f(4, std::make_unique<HighestFirst>());
-  std::uint64_t a = f.alloc(4 * kChunkBytes), b = f.alloc(4 * kChunkBytes);
-  f.launch({{a, 4 * kChunkBytes, false}});
-  f.backend.calls.clear();
-  f.launch({{b, 4 * kChunkBytes, false}});
-  ASSERT_EQ(f.backend.calls.size(), 2u);
-  EXPECT_EQ(f.backend.calls[0].addr, a);
-  EXPECT_EQ(f.backend.calls[0].bytes, 4 * kChunkBytes);
-  EXPECT_EQ(f.backend.calls[0].to, Location::cpu);
-  EXPECT_EQ(f.backend.calls[1].addr, b);
-  EXPECT_EQ(f.backend.calls[1].to, Location::gpu);
-  EXPECT_FALSE(f.engine.planned_resident(chunk_of(a)));
-  EXPECT_EQ(f.engine.planned_resident_chunks(), 4u);
+  ExpectOneEvictionThenOneFetch(std::make_unique<HighestFirst>());
 }
 
 // One Engine plans one GPU: a launch from another device's context moves nothing and the
