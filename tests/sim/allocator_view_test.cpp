@@ -210,6 +210,22 @@ TEST(AllocatorView, SpillwayViewDropsAChunkOnlyWhenItsLastBlockDies) {
   EXPECT_LE(rs.sim.d2h_bytes, rn.sim.d2h_bytes);
 }
 
+// Small tensors carved into one chunk move with that chunk as one driver call each way (the
+// holes and neighbours between them are inside the same range), not one call per tensor.
+TEST(AllocatorView, SpillwayViewMovesAChunkOfSmallTensorsInOneCall) {
+  testing::Builder b;
+  for (std::uint64_t id = 1; id <= 8; ++id) b.alloc(id, 64 * KiB);
+  b.alloc(100, 4 * MiB).alloc(101, 4 * MiB);
+  for (int it = 0; it < 6; ++it) {
+    b.kernel("small", 100000, {1, 2, 3, 4, 5, 6, 7, 8}).kernel("big", 100000, {100}).kernel("big2", 100000, {101});
+  }
+  auto [rn, rs] = learned_under(b, AllocatorView::spillway, 3);
+  ASSERT_GT(rs.engine.evicted_chunks, 0u) << "the loop must not fit: chunks come and go";
+  EXPECT_LE(rs.engine.h2d_calls.calls(), rs.engine.prefetched_chunks) << "no chunk split into several calls";
+  EXPECT_LE(rs.engine.d2h_calls.calls(), rs.engine.evicted_chunks);
+  (void)rn;
+}
+
 }  // namespace
 // Issue 12, item 4: fault feedback. The ExtentLearner widens an inferred range to what the
 // faults attributed to its launch show, per pointer and per signature, never past the block.

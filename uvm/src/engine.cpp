@@ -120,7 +120,9 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
   }
   // The driver has freed a block here, and its releaser may not have dropped its claim yet.
   gate_.drop_stale_claim(base);
-  const Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device, sub, context};
+  const bool shared_range = sub || backend_.blocks_share_ranges();
+  const Block block{base, bytes, next_id_.fetch_add(1, std::memory_order_relaxed), kind, stream, device, sub, shared_range,
+                    context};
   track(block, *plan);
   *addr = base;
   run_policy_alloc(block);

@@ -277,27 +277,48 @@ std::uint64_t Engine::move_run(DevicePlan& plan, const std::vector<Move>& moves,
     count_move(plan, first.to, end - addr, r);
     return 0;
   }
+  return move_pieces(plan, first.to, addr, end);
+}
+
+std::uint64_t Engine::move_pieces(DevicePlan& plan, Location to, std::uint64_t addr, std::uint64_t end) {
+  // One call per live block the run overlaps, clipped to it — except that the pieces of
+  // blocks in shared ranges (Block::in_shared_range) that share a chunk are one call, the
+  // holes between them included. Such a chunk lies inside one range (ranges are whole chunks
+  // inside their managed allocation: FencedSubAllocator), and each block inside one range,
+  // so the call stays inside one managed allocation, as cuMemPrefetchAsync requires (CUDA
+  // Driver API, "Unified Addressing"). A move changes where bytes are, never what they hold:
+  // the free or parked bytes of a hole lose nothing.
   std::uint64_t await_frees = 0;
+  std::uint64_t call_addr = 0, call_end = 0;  // the call being built; empty while equal
+  bool call_shared = false;
+  auto issue = [&] {
+    if (call_end == call_addr) return;
+    Result r = backend_.prefetch(call_addr, call_end - call_addr, to, plan.device);
+    std::lock_guard lock(mutex_);
+    count_move(plan, to, call_end - call_addr, r);
+  };
   while (addr < end) {
     std::optional<Block> b = table_.find(addr);
     if (!b) {  // a chunk's head may hold no block (sub-chunk blocks): try its other bytes
       std::optional<Block> tail = table_.find(std::min(end, (addr / kChunkBytes + 1) * kChunkBytes) - 1);
       if (!tail || tail->base <= addr) {
-        if (first.to == Location::cpu && gate_.frees_started() != gate_.frees_done()) await_frees = gate_.frees_started();
+        if (to == Location::cpu && gate_.frees_started() != gate_.frees_done()) await_frees = gate_.frees_started();
         addr = (addr / kChunkBytes + 1) * kChunkBytes;
         continue;
       }
       addr = tail->base;
       b = tail;
     }
-    const std::uint64_t piece = std::min(end, b->end()) - addr;
-    Result r = backend_.prefetch(addr, piece, first.to, plan.device);
-    {
-      std::lock_guard lock(mutex_);
-      count_move(plan, first.to, piece, r);
+    const bool joins = call_end != call_addr && call_shared && b->in_shared_range &&
+                       (call_end - 1) / kChunkBytes == addr / kChunkBytes;
+    if (!joins) {
+      issue();
+      call_addr = addr;
+      call_shared = b->in_shared_range;
     }
-    addr += piece;
+    call_end = addr = std::min(end, b->end());
   }
+  issue();
   return await_frees;
 }
 

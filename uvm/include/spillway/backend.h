@@ -49,6 +49,11 @@ class Backend {
   virtual Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) = 0;
   // Releases a managed block (cuMemFree). Not stream-ordered: callers wait first.
   virtual Result free_managed(std::uint64_t addr) = 0;
+  // Whether the blocks allocate_managed returns are carved from ranges that other blocks
+  // share, each range a whole number of 2 MiB chunks inside one managed allocation: the
+  // simulator's `spillway` view, which places them as the shim's sub-allocator does
+  // (Block::in_shared_range). Not for the real driver: each of its allocations is its own.
+  virtual bool blocks_share_ranges() { return false; }
 
   // Moves [addr, addr+bytes) to `to` on the Backend's own copy stream for that direction
   // (cuMemPrefetchAsync). Asynchronous.

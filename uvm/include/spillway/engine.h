@@ -438,6 +438,9 @@ class Engine {
   // overlaps. Returns the frees_started() to wait for before the next fetch (0: none).
   std::uint64_t move_run(DevicePlan& plan, const std::vector<Move>& moves, std::size_t i, std::size_t j,
                          std::uint64_t frees_at_plan);
+  // move_run's walk of the table over [addr, end): one call per live block, or per stretch
+  // of blocks in shared ranges that share chunks. Returns as move_run does.
+  std::uint64_t move_pieces(DevicePlan& plan, Location to, std::uint64_t addr, std::uint64_t end);
   // A Policy's action, sent inside IssueSections, one piece per live block its range
   // overlaps (clipped to the block). `plan`: the plan whose counters its moves count in
   // (nullptr: none).

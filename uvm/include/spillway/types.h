@@ -68,6 +68,10 @@ struct Block {
   StreamHandle stream = 0;   // the stream of a stream-ordered allocation, else 0
   int device = 0;
   bool suballocated = false; // carved by the Engine's sub-allocator from one of its ranges
+  // Every chunk it touches lies inside one managed allocation that other blocks may share
+  // (carved, here or by the simulator's placement: Backend::blocks_share_ranges), so one
+  // prefetch may span the bytes between two such blocks in one chunk.
+  bool in_shared_range = false;
   // The Engine's number for the context current at its allocation (Backend::current_context;
   // Engine::context_ended releases a context's blocks). Numbers of ended contexts are reused.
   std::uint16_t context = 0;

@@ -70,6 +70,7 @@ class SimBackend final : public Backend {
   int current_device() override { return 0; }
   // Returns the address the compiled trace placed the next block at (expect_block()).
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override;
+  bool blocks_share_ranges() override { return trace_.allocator == AllocatorView::spillway; }
   // Drops the block's chunks that no other live block holds, at no cost (its data is dead).
   Result free_managed(std::uint64_t addr) override;
   // Issued now(): toward the GPU on the H2D engine, toward the CPU on the D2H engine.
