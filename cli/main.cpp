@@ -22,6 +22,7 @@
 #include "spillway/output_file.h"
 #include "spillway/policy.h"
 #include "info_command.h"
+#include "parse_errors.h"
 #include "policies_command.h"
 #include "sim_commands.h"
 #include "policy_registry.h"
@@ -203,8 +204,10 @@ int main(int argc, char** argv) {
   // few KiB), so that a failure to write it is met at the final flush, with its errno.
   static char stdout_buffer[1 << 20];
   if (!isatty(STDOUT_FILENO)) std::setvbuf(stdout, stdout_buffer, _IOFBF, sizeof stdout_buffer);
+  // (Named, so that usage lines say `spillway`, not the path it was started by.)
   CLI::App app{"Spillway: run an unmodified CUDA program with its device memory made managed, so it can "
-               "overflow into host RAM instead of failing with out-of-memory."};
+               "overflow into host RAM instead of failing with out-of-memory.",
+               "spillway"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "spillway " SPILLWAY_VERSION);
 
@@ -241,7 +244,13 @@ int main(int argc, char** argv) {
     else if (policies_cmd->parsed()) status = spillway::cli::policies_command(policy_filter, policies_json);
     else if (info_cmd->parsed()) status = spillway::cli::info_command(info_settings.settings(), find_shim(), info_json);
   } catch (const CLI::ParseError& e) {
-    status = app.exit(e) == 0 ? 0 : 2;  // (--help and --version print and end here)
+    if (std::string why = spillway::cli::explain_parse_error(app, e, std::vector<std::string>(argv + 1, argv + argc));
+        !why.empty()) {
+      std::cerr << why << '\n';
+      status = 2;
+    } else {
+      status = app.exit(e) == 0 ? 0 : 2;  // (--help and --version print and end here)
+    }
   }
   // What went to standard output (a table, JSON, --help) must have been written too:
   // `spillway sweep ... > /dev/full` is an error, not status 0.

@@ -431,6 +431,13 @@ struct SweepPlan {
   std::vector<sim::AllocatorView> views;
 };
 
+// Refuses, before a long run, an output path that cannot be opened for writing.
+void check_output_path(const char* option, const std::string& path) {
+  if (std::string why = path.empty() ? "" : why_not_writable(path); !why.empty()) {
+    throw UsageError{fmt::format("{} {}", option, why)};
+  }
+}
+
 SweepPlan plan_sweep(const SimCommands::Options& o) {
   SweepPlan plan;
   plan.policies = policy_list(o.policies);
@@ -443,6 +450,8 @@ SweepPlan plan_sweep(const SimCommands::Options& o) {
   if (!o.plot.empty() && !(o.plot.ends_with(".png") || o.plot.ends_with(".svg") || o.plot.ends_with(".pdf"))) {
     throw UsageError{fmt::format("--plot '{}': the file name must end in .png, .svg or .pdf", o.plot)};
   }
+  check_output_path("--csv", o.csv);
+  check_output_path("--plot", o.plot);
   plan.jobs = o.jobs > 0 ? static_cast<unsigned>(o.jobs) : std::max(1u, std::thread::hardware_concurrency());
   plan.progress = !o.quiet && isatty(STDERR_FILENO);
   plan.views = parse_views(o.allocators);
@@ -648,6 +657,7 @@ int run_replay(SimCommands::Options& o) {
   sim::SimParams p = o.params();
   std::vector<sim::AllocatorView> views = parse_views(o.allocators);
   if (views.size() != 1) throw UsageError{"replay takes one --allocator view"};
+  check_output_path("--timeline", o.timeline);
   sim::CompiledTrace truth = sim::compile_file(o.replay_trace);
   sim::CompiledTrace viewed = views[0] == sim::AllocatorView::none ? sim::CompiledTrace{} : sim::compile_file(o.replay_trace, views[0]);
   const sim::CompiledTrace& t = views[0] == sim::AllocatorView::none ? truth : viewed;

@@ -66,7 +66,8 @@ full)
   full="spillway: cannot write /dev/full: No space left on device"
   expect 1 "$full" "$spillway" replay "$bench" --policy demand --timeline /dev/full
   expect 1 "$full" "$spillway" sweep "$bench" --policy demand --capacity 0.5 -q --csv /dev/full
-  expect 1 "spillway: cannot write $scratch/no-such-dir/t.json: No such file or directory" \
+  # (A path that cannot be opened is refused before the run, as a bad option: status 2.)
+  expect 2 "spillway: --timeline $scratch/no-such-dir/t.json: there is no folder $scratch/no-such-dir" \
     "$spillway" replay "$bench" --policy demand --timeline "$scratch/no-such-dir/t.json"
   out="spillway: cannot write standard output: No space left on device"
   expect_full_stdout 1 "$out" "$spillway" sweep "$bench" --policy demand --capacity 0.5 -q

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -143,6 +144,19 @@ bool matches_output_name(std::string_view name_pattern, std::string_view file_na
 
 std::string write_error(std::string_view path, int err) {
   return fmt::format("cannot write {}: {}", path, err != 0 ? std::strerror(err) : "write failed");
+}
+
+std::string why_not_writable(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path file(path);
+  if (fs::is_directory(file, ec)) return fmt::format("{}: is a folder, not a file", path);
+  const bool exists = fs::exists(file, ec);
+  const fs::path folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  if (!exists && !fs::is_directory(folder, ec)) return fmt::format("{}: there is no folder {}", path, folder.string());
+  const fs::path& checked = exists ? file : folder;  // (what fopen "w" needs to write)
+  if (access(checked.c_str(), W_OK) != 0) return fmt::format("{}: cannot write {}: {}", path, checked.string(), std::strerror(errno));
+  return "";
 }
 
 OutputFile::OutputFile(const std::string& path) : path_(path) {

@@ -14,6 +14,13 @@ namespace spillway {
 // REASON being strerror(err) (e.g. "cannot write /dev/full: No space left on device").
 std::string write_error(std::string_view path, int err);
 
+// Whether fopen(path, "w") can be expected to succeed, asked before a long run so that a
+// mistyped output path is refused at once: "" when it can, else one line naming the path and
+// the reason ("PATH: is a folder, not a file", "PATH: there is no folder DIR", "PATH: cannot
+// write X: REASON", X the file if it exists, else its folder). A check, not a promise:
+// OutputFile still reports what fails later (a full disk, /dev/full). Thread-safe.
+std::string why_not_writable(const std::string& path);
+
 // A file a command writes whole: a CSV, a timeline, a report. The constructor creates or
 // truncates it; write() appends through a buffer; close() flushes and closes it. Every
 // output of the `spillway` command and the shim's report goes through it, so that a full
