@@ -206,6 +206,9 @@ int read_settings(const std::vector<std::pair<std::string, std::string>>& option
         std::cerr << "spillway: " << err << (s.source == "variable" ? " (from the environment)" : "") << '\n';
         return 2;
       }
+      if (std::string warning = setting_warning(variable, s.value); !warning.empty()) {
+        std::cerr << "spillway: warning: " << warning << '\n';
+      }
     }
     settings.push_back(std::move(s));
   }

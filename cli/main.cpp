@@ -128,6 +128,7 @@ class SettingOptions {
          "W+N (N launches after the first W, then the file is closed)"},
         {"--state-memory", "SPILLWAY_STATE_MEMORY", "host memory Spillway's own state may take (SPILLWAY_STATE_MEMORY), e.g. 256MiB"},
         {"--log", "SPILLWAY_LOG", "error, warn, info or debug (SPILLWAY_LOG); info prints the report at exit"},
+        {"--summary", "SPILLWAY_SUMMARY", "on or off: one line at exit with the time, bytes moved and faults (SPILLWAY_SUMMARY, default on)"},
         {"--exclude", "SPILLWAY_EXCLUDE", "libraries whose allocations stay device memory (SPILLWAY_EXCLUDE), e.g. libnccl,libfoo"},
         {"--framework-allocator", "SPILLWAY_FRAMEWORK_ALLOCATOR",
          "per-tensor (default: sets PYTORCH_NO_CUDA_MEMORY_CACHING=1, XLA_PYTHON_CLIENT_ALLOCATOR=platform, "

@@ -304,7 +304,13 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
   interpose::ensure_driver();
   CUresult r = real().cuMemCreate(handle, size, prop, flags);
   if (r == CUDA_SUCCESS && handle != nullptr && prop != nullptr && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-    if (Engine* e = engine()) e->note_device_memory(Engine::DeviceMemory::vmm, *handle, size, prop->location.id);
+    if (Engine* e = engine()) {
+      e->note_device_memory(Engine::DeviceMemory::vmm, *handle, size, prop->location.id);
+      SPILLWAY_LOG_ONCE(LogLevel::warn,
+                        "the program maps GPU memory itself (cuMemCreate: PyTorch's expandable_segments:True, a "
+                        "VMM allocator); that memory cannot be made managed and cannot spill to host memory "
+                        "(PyTorch: leave expandable_segments out of PYTORCH_CUDA_ALLOC_CONF)");
+    }
   }
   return r;
 }

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -286,8 +287,23 @@ cudaError_t observed_runtime_launch(const void* stub, CUstream stream, void** ar
 }
 
 // (The launching streams' lock held: cuda_backend.h, note_capture_begun_locked.)
+// PyTorch with its cache off (PYTORCH_NO_CUDA_MEMORY_CACHING set: `spillway run`'s
+// per-tensor mode) allocates with plain cudaMalloc, which it does on purpose "to force an
+// error if someone tries to use forceUncachedAllocator while capturing"
+// (c10/cuda/CUDACachingAllocator.cpp): a graph capture then fails in the program, so say
+// which setting to change before it does.
+void warn_if_capture_meets_uncached_pytorch() {
+  const char* uncached = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+  if (uncached == nullptr || *uncached == '\0') return;
+  SPILLWAY_LOG_ONCE(LogLevel::warn,
+                    "a CUDA graph is being captured while PYTORCH_NO_CUDA_MEMORY_CACHING is set (spillway run's "
+                    "per-tensor mode): PyTorch cannot allocate during a capture then; run with "
+                    "--framework-allocator keep (docs/configuration.md, \"When to use keep\")");
+}
+
 CUresult begin_capture(CUstream stream, CUresult r) {
   if (r != CUDA_SUCCESS) return r;
+  warn_if_capture_meets_uncached_pytorch();
   interpose::note_capture_begun_locked(stream);
   interpose::capture_registry().begun(stream);
   return r;

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -140,6 +141,7 @@ State& state() {
     }
     s->config = cr.config;
     set_log_level(s->config.log_level);
+    for (const std::string& warning : cr.warnings) log(LogLevel::warn, "{}", warning);
     s->active = cr.errors.empty() && !s->config.disable;
     std::string policy_error;
     std::optional<PolicySpec> spec = parse_policy_spec(s->config.policy, false, &policy_error);
@@ -298,6 +300,8 @@ cudaError_t unavailable<cudaError_t>() { return cudaErrorInitializationError; }
 // parent's Engine and statistics: it must not print or write them again (it would repeat
 // the parent's table and could overwrite the parent's report with stale figures).
 pid_t g_owner_pid = 0;
+// When the shim loaded: the exit line's wall time.
+std::chrono::steady_clock::time_point g_loaded_at;
 
 // Nothing here waits on a lock for long: exit() may come from a signal handler that
 // interrupted this very thread inside the Engine (or the trace recorder) with its lock held.
@@ -309,7 +313,8 @@ __attribute__((destructor)) void write_exit_report() {
   // its own to close; an inherited one it drops unflushed.)
   close_trace_recorder(kExitLockWait);
   if (getpid() != g_owner_pid) return;
-  if (!log_enabled(LogLevel::info) && g_state->config.report_path.empty()) return;  // nothing asked for
+  const bool summary = g_state->config.summary && log_enabled(LogLevel::warn);
+  if (!summary && !log_enabled(LogLevel::info) && g_state->config.report_path.empty()) return;  // nothing asked for
   try {
     std::optional<Stats> stats = g_state->engine->stats_within(kExitLockWait);
     if (!stats) {
@@ -320,6 +325,10 @@ __attribute__((destructor)) void write_exit_report() {
     bool used = s.allocations_redirected + s.allocations_passed_through + s.allocations_refused > 0;
     if (!used) return;
     if (log_enabled(LogLevel::info)) log(LogLevel::info, "{}", stats_table(s));
+    if (summary) {
+      const std::chrono::duration<double> wall = std::chrono::steady_clock::now() - g_loaded_at;
+      log(LogLevel::warn, "{}", exit_summary(s, wall.count()));
+    }
     if (!g_state->config.report_path.empty()) {
       // A file of this process's own (output_file.h): other processes of the run may write one too.
       std::string err;
@@ -341,6 +350,7 @@ __attribute__((destructor)) void write_exit_report() {
 // Reads the settings at load time, so a bad value is reported once, up front.
 __attribute__((constructor)) void load_settings() {
   g_owner_pid = getpid();
+  g_loaded_at = std::chrono::steady_clock::now();
   try {
     state();
   } catch (...) {

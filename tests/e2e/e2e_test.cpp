@@ -403,6 +403,19 @@ TEST(StreamCapture, LogShowsTheProgramsCapturedCallsWithoutShim) {
   EXPECT_TRUE(on_capturing.count("cuMemAllocAsync"));
 }
 
+// A capture under PyTorch's uncached mode (spillway run's per-tensor default) is said once,
+// with the setting to change; without that variable a capture says nothing.
+TEST(StreamCapture, CaptureWithPyTorchsCacheOffIsWarnedAboutOnce) {
+  CaptureRun warned = run_capture(true, "launch", {{"PYTORCH_NO_CUDA_MEMORY_CACHING", "1"}});
+  ASSERT_EQ(warned.result.status, 0) << describe(warned.result);
+  ASSERT_EQ(warned.result.err_lines().size(), 1u) << warned.result.err;
+  EXPECT_NE(warned.result.err.find("while PYTORCH_NO_CUDA_MEMORY_CACHING is set"), std::string::npos) << warned.result.err;
+  EXPECT_NE(warned.result.err.find("--framework-allocator keep"), std::string::npos) << warned.result.err;
+  CaptureRun quiet = run_capture(true, "launch");
+  ASSERT_EQ(quiet.result.status, 0) << describe(quiet.result);
+  EXPECT_EQ(quiet.result.err, "");
+}
+
 TEST(StreamOrderedFree, BlockIsNotReleasedBeforeTheStreamIsSynchronized) {
   std::string log = temp_dir() + "/fake.log";
   RunResult r = program("async_free", {},

@@ -58,6 +58,9 @@ RunResult run(const std::vector<std::string>& argv, const Env& env, int timeout_
   // The toolkit's libcupti must never meet the fake driver: fault feedback stays off unless a
   // test turns it on, with the fake libcupti (tests/fakecuda/cupti.cpp) on its library path.
   full.emplace("SPILLWAY_FAULT_FEEDBACK", "off");
+  // The exit line (SPILLWAY_SUMMARY) stays off unless a test asks for it: most tests check
+  // that the shim writes nothing to stderr.
+  full.emplace("SPILLWAY_SUMMARY", "off");
   // Sanitizer settings of a sanitizer build (scripts/test --sanitize) reach the children too.
   for (const char* var : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"}) {
     if (const char* v = std::getenv(var)) full.emplace(var, v);

@@ -74,5 +74,35 @@ TEST(Limits, ShimHeapPerLiveBlockIsBoundedAndReturned) {
   EXPECT_LT(after - after_small, 64.0 * 1024) << "what stays grows with the number of blocks freed";
 }
 
+
+// At the default log level a user learns what happened without asking: a size without a
+// unit that is surely not bytes, a budget larger than the card, the first allocation the cap
+// refuses (naming SPILLWAY_MAX_MANAGED), and one line at exit (SPILLWAY_SUMMARY) — and
+// nothing else.
+TEST(Limits, DefaultLevelSaysWhatHappenedInOneLineEach) {
+  RunResult r = run({kProgram, "fill", "1"},
+                    {{"LD_LIBRARY_PATH", kFakeDir}, {"LD_PRELOAD", kShim}, {"FAKECUDA_TOTAL_MEMORY", std::to_string(1ull << 30)},
+                     {"SPILLWAY_MAX_MANAGED", "3GiB"}, {"SPILLWAY_BUDGET", "2TiB"}, {"SPILLWAY_SUMMARY", "on"},
+                     {"SPILLWAY_SUBALLOCATOR", "off"}},  // (blocks of exactly 1 GiB: the figures are round)
+                    120);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(field(r.out, "blocks"), "3") << r.out;
+  const std::vector<std::string> clamp = lines_with(r.err, "SPILLWAY_BUDGET asks for 2 TiB, more than its 1 GiB free of 1 GiB");
+  EXPECT_EQ(clamp.size(), 1u) << r.err;
+  const std::vector<std::string> refused = lines_with(r.err, "refused an allocation of 1 GiB (cuMemAlloc)");
+  ASSERT_EQ(refused.size(), 1u) << r.err;
+  EXPECT_NE(refused[0].find("cap SPILLWAY_MAX_MANAGED = 3 GiB"), std::string::npos) << refused[0];
+  const std::vector<std::string> exit_line = lines_with(r.err, " s, policy learned: peak 3 GiB managed, 2 GiB over the 1 GiB budget");
+  ASSERT_EQ(exit_line.size(), 1u) << r.err;
+  EXPECT_NE(exit_line[0].find("1 allocations refused by SPILLWAY_MAX_MANAGED = 3 GiB"), std::string::npos) << exit_line[0];
+  EXPECT_EQ(lines_with(r.err, "spillway: ").size(), 3u) << "nothing else at the default level:\n" << r.err;
+
+  RunResult bare = run({kProgram, "fill", "1"}, {{"LD_LIBRARY_PATH", kFakeDir}, {"LD_PRELOAD", kShim},
+                                                 {"SPILLWAY_MAX_MANAGED", "3GiB"}, {"SPILLWAY_BUDGET", "4"}}, 120);
+  ASSERT_EQ(bare.status, 0) << bare.out << bare.err;
+  EXPECT_EQ(lines_with(bare.err, "SPILLWAY_BUDGET=4 means 4 bytes (a size without a unit is bytes); did you mean 4GiB or 4MiB?").size(),
+            1u) << bare.err;
+}
+
 }  // namespace
 }  // namespace spillway::test

@@ -42,6 +42,7 @@ const std::map<std::string, Sample>& samples() {
       {"SPILLWAY_EXCLUDE", {"libnccl,libfoo", "libnccl,,libfoo"}},
       {"SPILLWAY_REPORT_MEMORY", {"virtual", "both"}},
       {"SPILLWAY_LOG", {"debug", "loud"}},
+      {"SPILLWAY_SUMMARY", {"off", "quiet"}},
       {"SPILLWAY_REPORT", {"/tmp/spillway-report.%r.%p.json", "/tmp/report-%d.json"}},
       {"SPILLWAY_TRACE", {"/tmp/spillway-trace.jsonl.gz", "/tmp/trace-100%"}},
       {"SPILLWAY_DISABLE", {"1", "maybe"}},
@@ -63,7 +64,7 @@ std::string describe(const Config& c) {
   out += " budget=" + size(c.budget) + " max_managed=" + size(c.max_managed) + " exclude=";
   for (const auto& e : c.exclude) out += e + ",";
   out += " report_memory=" + std::to_string(static_cast<int>(c.report_memory));
-  out += " log=" + std::to_string(static_cast<int>(c.log_level));
+  out += " log=" + std::to_string(static_cast<int>(c.log_level)) + " summary=" + std::to_string(c.summary);
   out += " report=" + c.report_path + " trace=" + c.trace_path + " disable=" + std::to_string(c.disable);
   out += " suballocator=" + std::to_string(c.suballocator) + " framework_per_tensor=" + std::to_string(c.framework_per_tensor) +
          " fault_feedback=" + std::to_string(c.fault_feedback) + " state_memory=" + std::to_string(c.state_memory) +
@@ -125,6 +126,23 @@ TEST(Config, BadValueOfEveryVariableGivesOneLineNamingVariableValueAndAccepted) 
     EXPECT_NE(e.message.find(accepted_for(o)), std::string::npos) << e.message;
     EXPECT_EQ(describe(r.config), defaults) << var << ": a bad value must leave the default";
   }
+}
+
+// A size that is valid but surely not meant: a bare number under 2 MiB is bytes
+// (parse_size), which no plan can use. It is kept (the value is valid) and said once.
+TEST(Config, BareSmallSizeIsKeptAndWarnedAbout) {
+  ConfigResult r = read_with({{"SPILLWAY_BUDGET", " 4 "}, {"SPILLWAY_MAX_MANAGED", "64"}});
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_EQ(r.config.budget.bytes, 4u);
+  ASSERT_EQ(r.warnings.size(), 2u);
+  EXPECT_EQ(r.warnings[0], "SPILLWAY_BUDGET=4 means 4 bytes (a size without a unit is bytes); did you mean 4GiB or 4MiB?");
+  EXPECT_EQ(r.warnings[1].rfind("SPILLWAY_MAX_MANAGED=64 means 64 bytes", 0), 0u) << r.warnings[1];
+  for (const char* fine : {"4GiB", "2097152", "60%", "physical", "4MiB"}) {
+    EXPECT_EQ(setting_warning("SPILLWAY_BUDGET", fine), "") << fine;
+  }
+  EXPECT_EQ(setting_warning("SPILLWAY_BUDGET", "2097151").empty(), false);
+  EXPECT_EQ(setting_warning("SPILLWAY_STATE_MEMORY", "4"), "") << "only the GPU and host size settings";
+  EXPECT_TRUE(read_with({{"SPILLWAY_BUDGET", "24GiB"}}).warnings.empty());
 }
 
 TEST(Config, Defaults) {

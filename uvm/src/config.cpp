@@ -11,6 +11,7 @@
 
 #include "spillway/output_file.h"
 #include "spillway/size.h"
+#include "spillway/types.h"
 
 namespace spillway {
 
@@ -186,6 +187,8 @@ bool parse_state_memory(Config& c, std::string_view value, const Names&) {
   return n.has_value();
 }
 
+bool parse_summary(Config& c, std::string_view value, const Names&) { return parse_on_off(value, &c.summary); }
+
 bool parse_fault_feedback(Config& c, std::string_view value, const Names&) { return parse_on_off(value, &c.fault_feedback); }
 
 bool parse_framework_allocator(Config& c, std::string_view value, const Names&) {
@@ -285,6 +288,15 @@ std::uint64_t read_host_memory_bytes() {
   return bytes;
 }
 
+std::string setting_warning(std::string_view variable, std::string_view value) {
+  if (variable != "SPILLWAY_BUDGET" && variable != "SPILLWAY_MAX_MANAGED") return {};
+  const std::string v = trimmed(value);
+  std::uint64_t bytes = 0;
+  if (!parse_count(v, &bytes) || bytes >= kChunkBytes) return {};  // has a unit, a %, or is large enough
+  return fmt::format("{}={} means {} bytes (a size without a unit is bytes); did you mean {}GiB or {}MiB?",
+                     variable, v, bytes, v, v);
+}
+
 ConfigResult read_config(const std::vector<std::string_view>& policy_names,
                          const std::function<const char*(const char*)>& lookup) {
   ConfigResult result;
@@ -293,7 +305,11 @@ ConfigResult read_config(const std::vector<std::string_view>& policy_names,
     const char* raw = lookup ? lookup(variable.c_str()) : std::getenv(variable.c_str());
     if (raw == nullptr || *raw == '\0') continue;
     std::string message = set_option(result.config, variable, raw, policy_names);
-    if (!message.empty()) result.errors.push_back(ConfigError{variable, raw, std::move(message)});
+    if (!message.empty()) {
+      result.errors.push_back(ConfigError{variable, raw, std::move(message)});
+    } else if (std::string warning = setting_warning(variable, raw); !warning.empty()) {
+      result.warnings.push_back(std::move(warning));
+    }
   }
   return result;
 }

@@ -41,6 +41,11 @@ std::unique_ptr<DevicePlan> DevicePlans::read_plan(int device, std::unique_ptr<P
   const std::uint64_t budget = planned_budget_bytes(config_, free_bytes, total_bytes);
   plan->start_budget.store(budget);
   plan->physical_total.store(total_bytes);
+  if (!config_.budget.unset && config_.budget.resolve(total_bytes) > budget) {
+    log(LogLevel::warn, "device {}: SPILLWAY_BUDGET asks for {}, more than its {} free of {}; planning for {}", device,
+        format_bytes(config_.budget.resolve(total_bytes)), format_bytes(free_bytes), format_bytes(total_bytes),
+        format_bytes(budget));
+  }
   log(LogLevel::info, "device {}: policy {}, GPU budget {} of {} ({} free)", device, plan->policy->name(),
       format_bytes(budget), format_bytes(total_bytes), format_bytes(free_bytes));
   return plan;

@@ -131,9 +131,14 @@ Result Engine::allocate(std::uint64_t bytes, AllocKind kind, StreamHandle stream
 
 Result Engine::refuse(std::uint64_t bytes, AllocKind kind) {
   std::lock_guard lock(mutex_);
-  ++counters_.allocations_refused;
-  log(LogLevel::info, "refused {} ({}): {} managed now, cap SPILLWAY_MAX_MANAGED = {}", format_bytes(bytes),
-      to_string(kind), format_bytes(managed_bytes()), format_bytes(max_managed_bytes()));
+  // The first refusal is said at the default level, with the setting that decides it (the
+  // program sees out-of-memory, and may not say why); the rest are counted in the exit line.
+  const bool first = ++counters_.allocations_refused == 1;
+  log(first ? LogLevel::warn : LogLevel::info,
+      "refused an allocation of {} ({}): {} managed now, cap SPILLWAY_MAX_MANAGED = {}; the program is told "
+      "out-of-memory{}",
+      format_bytes(bytes), to_string(kind), format_bytes(managed_bytes()), format_bytes(max_managed_bytes()),
+      first ? " (a larger SPILLWAY_MAX_MANAGED lets more spill to host memory; later refusals are counted at exit)" : "");
   return Result{Status::out_of_memory, 0};
 }
 

@@ -17,6 +17,24 @@ std::string describe_calls(const Stats& s) {
   return fmt::format("H2D {}, {:.2f} per launch; D2H {}", one(s.h2d_calls), per_launch, one(s.d2h_calls));
 }
 
+std::string exit_summary(const Stats& s, double wall_seconds) {
+  const std::string over = s.peak_over_budget_bytes == 0
+                               ? fmt::format("within the {} budget", format_bytes(s.budget_bytes))
+                               : fmt::format("{} over the {} budget", format_bytes(s.peak_over_budget_bytes),
+                                             format_bytes(s.budget_bytes));
+  const bool counted = s.fault_feedback != "off" && !s.fault_feedback.starts_with("off:");
+  const std::string faults =
+      counted ? fmt::format("{} page faults", s.fault_records) : std::string("page faults not counted (fault feedback off)");
+  std::string refused;
+  if (s.allocations_refused > 0) {
+    refused = fmt::format("; {} allocations refused by SPILLWAY_MAX_MANAGED = {}", s.allocations_refused,
+                          format_bytes(s.max_managed_bytes));
+  }
+  return fmt::format("{:.1f} s, policy {}: peak {} managed, {}; prefetched {}, evicted {}; {}{} (SPILLWAY_LOG=info: the table)",
+                     wall_seconds, s.policy, format_bytes(s.peak_managed_bytes), over, format_bytes(s.prefetch_to_gpu_bytes),
+                     format_bytes(s.evict_to_cpu_bytes), faults, refused);
+}
+
 std::string stats_table(const Stats& s) {
   std::string out;
   auto row = [&out](std::string_view name, const std::string& value) {
@@ -38,7 +56,15 @@ std::string stats_table(const Stats& s) {
   if (s.launches_other_device > 0) {
     row("launches on other devices", fmt::format("{} of {} (left to the driver)", s.launches_other_device, s.launches));
   }
-  row("prefetched to GPU", format_bytes(s.prefetch_to_gpu_bytes));
+  // What the Engine asked to move and what the driver moved differ: a prefetch of pages
+  // already on the GPU, or of pages never written (populated where they are, no copy), moves
+  // nothing that CUPTI counts (CUDA Runtime API, cudaMemPrefetchAsync: memory not yet
+  // populated "will be populated and mapped on the destination device").
+  row("prefetched to GPU", s.migrated_to_gpu_bytes == 0
+                               ? format_bytes(s.prefetch_to_gpu_bytes)
+                               : fmt::format("{} asked; the driver migrated {} (pages already resident or never "
+                                             "written move nothing; faults migrate too)",
+                                             format_bytes(s.prefetch_to_gpu_bytes), format_bytes(s.migrated_to_gpu_bytes)));
   row("evicted to host", format_bytes(s.evict_to_cpu_bytes));
   row("move calls", describe_calls(s));
   row("advise calls", fmt::format("{}", s.advise_calls));

@@ -35,6 +35,7 @@ struct Config {
   std::vector<std::string> exclude{"libnccl"};
   ReportMemory report_memory = ReportMemory::physical;
   LogLevel log_level = LogLevel::warn;
+  bool summary = true;      // SPILLWAY_SUMMARY: the exit line (report.h, exit_summary)
   std::string report_path;
   std::string trace_path;   // SPILLWAY_TRACE: empty = no trace
   // SPILLWAY_TRACE_WINDOW: which launches the trace holds. launches == 0: all of them;
@@ -65,8 +66,17 @@ struct ConfigError {
 
 struct ConfigResult {
   Config config;
-  std::vector<ConfigError> errors;  // empty when every variable was valid
+  std::vector<ConfigError> errors;      // empty when every variable was valid
+  std::vector<std::string> warnings;    // valid values that are probably not what was meant
+                                        // (setting_warning), one line each
 };
+
+// A valid value that is probably a mistake, said in one line; empty when it is not one.
+// Today: a size setting (SPILLWAY_BUDGET, SPILLWAY_MAX_MANAGED) given as a bare number of
+// fewer than 2 MiB (a size without a unit is bytes, parse_size(): "4" is 4 bytes, and no
+// GPU plan fits a chunk in it). read_config() collects these; the shim logs them at warn,
+// `spillway info` prints them. Pure; thread-safe.
+std::string setting_warning(std::string_view variable, std::string_view value);
 
 // Reads every SPILLWAY_* variable through `lookup` (getenv by default). Unset or empty
 // variables keep their defaults. An invalid value is reported in `errors` (the field keeps

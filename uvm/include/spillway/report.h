@@ -14,6 +14,11 @@ namespace spillway {
 // B, p90 B)" — calls to Backend::prefetch per direction, their bytes (CallSizes::quantile) and
 // H2D calls per launch seen. The shim's report and `spillway replay` print it.
 std::string describe_calls(const Stats& stats);
+// The exit line (SPILLWAY_SUMMARY, printed at the default log level): wall time, policy,
+// peak managed bytes and how far over the budget, bytes prefetched and evicted, page faults
+// where fault feedback counted them, allocations refused by the cap. One line, no newline;
+// `wall_seconds` is the time since the shim loaded.
+std::string exit_summary(const Stats& stats, double wall_seconds);
 // A short human table, one "name  value" line per row, no trailing newline; with more than
 // one device, a row per device after the totals.
 std::string stats_table(const Stats& stats);
