@@ -26,6 +26,7 @@
 #include "spillway/size.h"
 #include "spillway/trace.h"
 #include "policy_registry.h"
+#include "sweep_report.h"
 
 namespace spillway::cli {
 
@@ -263,59 +264,6 @@ SimCommands::~SimCommands() = default;
 bool SimCommands::parsed() const { return o_->sweep->parsed() || o_->replay->parsed(); }
 
 namespace {
-
-void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows) {
-  std::size_t w = 5;
-  for (const auto& r : rows) w = std::max(w, r.trace.size());
-  out << fmt::format("{:<{}}  {:>14}  {:<11}  {:<9}  {:>11}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n", "trace", w,
-                     "capacity", "policy", "allocator", "time", "xbound", "xunlim", "H2D GB", "D2H GB", "faults", "pf acc");
-  for (const auto& r : rows) {
-    std::string acc = r.sim.prefetch_bytes == 0 ? std::string("-")
-                                                : fmt::format("{:.1f}%", 100.0 * r.sim.prefetch_used_bytes / r.sim.prefetch_bytes);
-    // A trace without kernel time has no ratio to give ("-").
-    auto ratio = [](std::uint64_t a, std::uint64_t b) {
-      return b == 0 ? std::string("-") : fmt::format("{:.2f}", static_cast<double>(a) / static_cast<double>(b));
-    };
-    out << fmt::format("{:<{}}  {:>14}  {:<11}  {:<9}  {:>11}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n", r.trace, w,
-                       fmt::format("{} ({:.3f})", format_bytes(r.capacity_bytes), r.capacity_frac), r.policy, r.allocator,
-                       seconds(r.sim.time_ns), ratio(r.sim.time_ns, r.bound_ns), ratio(r.sim.time_ns, r.sim.compute_ns),
-                       gbytes(r.sim.h2d_bytes), gbytes(r.sim.d2h_bytes), r.sim.faults, acc);
-  }
-}
-
-// A CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break.
-std::string csv_field(const std::string& v) {
-  if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
-  std::string out = "\"";
-  for (char c : v) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-
-// Calls per launch; 0 for a trace without launches.
-double calls_per_launch(std::uint64_t calls, std::uint64_t launches) {
-  return launches == 0 ? 0.0 : static_cast<double>(calls) / static_cast<double>(launches);
-}
-
-// Throws std::runtime_error "cannot write PATH: REASON" (OutputFile) on any failure.
-void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows) {
-  OutputFile out(path);
-  // bound_ns: the two-direction bound (spillway/sim/bound.h); h2d_bound_ns: the bound before
-  // it, max(compute, MIN_H2D / B_h2d); cut_bound_ns: the cut bound alone.
-  out.write("trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
-            "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns,h2d_call_bytes_median,h2d_call_bytes_p90,"
-            "d2h_call_bytes_median,d2h_call_bytes_p90,h2d_calls_per_launch,policy_params\n");
-  for (const auto& r : rows) {
-    // (policy and policy_params hold commas when tunables are given: quoted, RFC 4180.)
-    const CallSizes& in = r.engine.h2d_calls;
-    const CallSizes& out_calls = r.engine.d2h_calls;
-    out.write(fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{}\n", r.trace, csv_field(r.policy),
-                          r.allocator, r.link, r.capacity_bytes, r.capacity_frac, r.sim.time_ns, r.sim.compute_ns, r.bound_ns,
-                          r.sim.h2d_bytes, r.sim.d2h_bytes, r.sim.faults, r.sim.prefetch_bytes, r.sim.prefetch_used_bytes,
-                          r.h2d_bound_ns, r.cut_bound_ns, in.quantile(0.5), in.quantile(0.9), out_calls.quantile(0.5),
-                          out_calls.quantile(0.9), calls_per_launch(in.calls(), r.engine.launches), csv_field(r.policy_params)));
-  }
-  out.close();
-}
 
 std::uint64_t capacity_bytes(const CapacitySpec& c, const sim::CompiledTrace& t) {
   if (c.bytes != 0) return c.bytes / kChunkBytes * kChunkBytes;
@@ -622,14 +570,15 @@ void plot_sweep(const SimCommands::Options& o, const std::string& csv, const std
 }
 
 // The CSV (--csv, or a temporary one for --plot) and the plot.
-void write_sweep_files(const SimCommands::Options& o, const std::vector<sim::CellResult>& results) {
+void write_sweep_files(const SimCommands::Options& o, const std::vector<sim::CellResult>& results,
+                       const std::vector<double>& speedups) {
   std::string csv = o.csv;
   std::string tmp_csv;
   if (!o.plot.empty() && csv.empty()) {
     tmp_csv = (fs::temp_directory_path() / fmt::format("spillway-sweep-{}.csv", getpid())).string();
     csv = tmp_csv;
   }
-  if (!csv.empty()) write_csv(csv, results);
+  if (!csv.empty()) write_csv(csv, results, speedups);
   if (!o.csv.empty()) std::cout << "CSV: " << o.csv << '\n';
   if (!o.plot.empty()) plot_sweep(o, csv, tmp_csv);
 }
@@ -641,12 +590,15 @@ int run_sweep(SimCommands::Options& o) {
   if (int status = compile_traces(o.traces, plan, traces); status != 0) return status;
   CellRunner runner(plan, traces);
   const std::vector<sim::CellResult> results = runner.run();
-  print_table(std::cout, results);
+  const std::vector<double> speedups = speedups_vs_demand(results);
+  print_table(std::cout, results, speedups);
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << fmt::format("{} simulations on {} ({:.1f} GB/s H2D) in {:.2f} s wall, {} jobs; xbound = time / the two-direction "
-                           "lower bound (docs/simulator.md), xunlim = time / compute\n",
+  std::cout << fmt::format("{} simulations on {} ({:.1f} GB/s H2D) in {:.2f} s wall, {} jobs; xdemand = how many times faster than "
+                           "demand (plain unified memory), xbound = time / the two-direction lower bound (docs/simulator.md), "
+                           "xunlim = time / compute (how many times slower than with unlimited GPU memory)\n",
                            runner.cells(), plan.base.link.name, plan.base.link.h2d_bytes_per_s / 1e9, wall, plan.jobs);
-  write_sweep_files(o, results);
+  print_best(std::cout, results, speedups);
+  write_sweep_files(o, results, speedups);
   return 0;
 }
 
@@ -666,7 +618,7 @@ int run_replay(SimCommands::Options& o) {
   std::vector<sim::Span> spans;  // (kept only when asked for: they grow with the trace)
   const bool keep_spans = !o.timeline.empty() || o.breakdown;
   sim::CellResult r = sim::run_cell(t, policy, p, keep_spans ? &spans : nullptr, &bound);
-  print_table(std::cout, {r});
+  print_table(std::cout, {r}, {0.0});
   const auto& s = r.sim;
   std::cout << fmt::format(
       "kernels {}, compute {}, peak footprint {}; stalls: faults {} ({} batches), waiting for prefetches {}\n"

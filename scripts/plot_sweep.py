@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-"""Plots a `spillway sweep` CSV: time / lower bound against GPU capacity (fraction of the
-trace's peak footprint), one line per policy, one panel per trace.
+"""Plots a `spillway sweep` CSV against GPU capacity (fraction of the trace's peak
+footprint), one line per policy, two panels per trace: above, how many times faster than
+`demand` (plain unified memory: the CSV's speedup_vs_demand, when demand was swept); below,
+time / lower bound.
 
     python3 scripts/plot_sweep.py SWEEP.csv OUT.png|OUT.svg|OUT.pdf
 
@@ -23,7 +25,8 @@ def main(argv):
     except ImportError:
         print("plot_sweep.py: python3-matplotlib is not installed (apt-get install python3-matplotlib)", file=sys.stderr)
         return 1
-    series = defaultdict(lambda: defaultdict(list))  # trace -> policy -> [(frac, ratio)]
+    series = defaultdict(lambda: defaultdict(list))  # trace -> policy -> [(frac, time / bound)]
+    speedups = defaultdict(lambda: defaultdict(list))  # trace -> policy -> [(frac, x faster than demand)]
     links = set()
     with open(src, newline="") as f:
         for row in csv.DictReader(f):
@@ -31,7 +34,10 @@ def main(argv):
             # One line per policy and allocator view (the view is named when it is not `none`).
             view = row.get("allocator", "none")
             label = row["policy"] if view == "none" else f'{row["policy"]} ({view})'
-            series[row["trace"]][label].append((float(row["capacity_frac"]), ratio))
+            frac = float(row["capacity_frac"])
+            series[row["trace"]][label].append((frac, ratio))
+            if row.get("speedup_vs_demand"):
+                speedups[row["trace"]][label].append((frac, float(row["speedup_vs_demand"])))
             links.add(row["link"])
     if not series:
         print(f"plot_sweep.py: {src}: no rows", file=sys.stderr)
@@ -39,28 +45,39 @@ def main(argv):
     traces = sorted(series)
     cols = min(3, len(traces))
     rows = (len(traces) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
-    flat = [ax for row in axes for ax in row]
-    for ax in flat[len(traces):]:
-        ax.set_visible(False)
-    for ax, trace in zip(flat, traces):
-        for policy, points in series[trace].items():
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
-        ax.set_title(trace)
-        ax.set_xlabel("GPU capacity / peak footprint")
-        ax.set_ylabel("time / lower bound")
-        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
-        ratios = [r for pts in series[trace].values() for _, r in pts]
-        if max(ratios) > 10 * min(ratios):
-            ax.set_yscale("log")
-        ax.invert_xaxis()  # less memory to the right
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+    # Two rows of panels per row of traces: speed-up over demand above, time / bound below.
+    fig, axes = plt.subplots(2 * rows, cols, figsize=(5.2 * cols, 7.6 * rows), squeeze=False)
+    for i in range(len(traces), rows * cols):
+        axes[2 * (i // cols)][i % cols].set_visible(False)
+        axes[2 * (i // cols) + 1][i % cols].set_visible(False)
+    for i, trace in enumerate(traces):
+        top, bottom = axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols]
+        panel(top, speedups[trace], trace, "x faster than demand", False)
+        panel(bottom, series[trace], trace, "time / lower bound", True)
     fig.suptitle(f"Spillway sweep ({', '.join(sorted(links))})")
     fig.tight_layout()
     fig.savefig(out)
     return 0
+
+
+def panel(ax, lines, trace, ylabel, log_if_wide):
+    """One panel: a line per policy against capacity, less memory to the right."""
+    for policy, points in lines.items():
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
+    ax.set_title(trace)
+    ax.set_xlabel("GPU capacity / peak footprint")
+    ax.set_ylabel(ylabel)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    values = [v for pts in lines.values() for _, v in pts]
+    if not values:
+        ax.text(0.5, 0.5, "demand not swept", ha="center", va="center", transform=ax.transAxes)
+        return
+    if log_if_wide and max(values) > 10 * min(values):
+        ax.set_yscale("log")
+    ax.invert_xaxis()
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
 
 
 if __name__ == "__main__":

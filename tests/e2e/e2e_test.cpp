@@ -189,7 +189,7 @@ TEST(HostCap, RuntimeAllocationPastTheCapIsCudaErrorMemoryAllocation) {
   EXPECT_EQ(r.out, "malloc 48M -> 0\nmalloc 32M -> 2\nmalloc 8M -> 0\n") << "2 = cudaErrorMemoryAllocation";
 }
 
-// Issue 18, item 10: a 0-byte cudaMalloc succeeds with NULL without reaching the driver (the
+// A 0-byte cudaMalloc succeeds with NULL without reaching the driver (the
 // runtime's answer); that is no allocation the shim missed, and says nothing.
 TEST(RuntimeWarnings, ZeroByteRuntimeAllocationIsNoMissedAllocation) {
   RunResult r = program("runtime_alloc", {"sizes", "0", "1M", "0"}, fake_env(true));
@@ -331,7 +331,7 @@ TEST(StreamCapture, ShimIssuesNothingOnACapturingStream) {
   }
 }
 
-// Issue 18, item 2: an allocation made inside a capture is a graph memory node, the
+// An allocation made inside a capture is a graph memory node, the
 // driver's for the graph's lifetime; a block freed inside a capture is freed by the graph,
 // when it runs. Neither may be reused while a graph exec that uses it can still run.
 TEST(StreamCapture, CapturedAllocationIsTheDriversGraphMemory) {
@@ -719,7 +719,7 @@ TEST(SpillwayRun, PrependsToAnExistingLdPreload) {
   EXPECT_EQ(line[0], '/') << "an absolute path";
 }
 
-// Issue 12, item 3: the frameworks' per-tensor modes, unless the user set the variable or
+// The frameworks' per-tensor modes, unless the user set the variable or
 // asked to keep the frameworks' caches.
 TEST(SpillwayRun, PutsFrameworksInTheirPerTensorModesUnlessToldToKeepTheirCaches) {
   const std::vector<std::string> show{"/bin/sh", "-c",

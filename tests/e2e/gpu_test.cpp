@@ -167,7 +167,7 @@ TEST(Gpu, StreamCaptureWithStreamOrderedCalls) {
   RunResult r = program("capture", {}, gpu_env(true));
   EXPECT_EQ(r.status, 0) << describe(r);
   EXPECT_EQ(lines_with(r.out, "captured").size(), 1u);
-  // Issue 18, item 2: the graph's own memory is the driver's; a block freed in the capture
+  // The graph's own memory is the driver's; a block freed in the capture
   // is not reused before the graph has run.
   RunResult launched = program("capture", {"launch"}, gpu_env(true));
   EXPECT_EQ(launched.status, 0) << describe(launched);

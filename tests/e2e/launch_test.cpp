@@ -394,7 +394,7 @@ TEST(Launch, RecordedTraceReplaysToTheSameFootprints) {
   EXPECT_NE(replay.out.find("peak footprint 32 MiB"), std::string::npos) << replay.out;
 }
 
-// Issue 18, item 7: SPILLWAY_TRACE reaches every process of a tree. Only a process that uses
+// SPILLWAY_TRACE reaches every process of a tree. Only a process that uses
 // CUDA writes, and no two processes write one file.
 TEST(Launch, TraceThroughAProcessTreeIsWrittenOnlyByProcessesThatUseCuda) {
   std::string dir = temp_dir();

@@ -1,4 +1,4 @@
-// Issue 30's context and pointer kinds (tests/reliability/hostile_contexts.cpp), run under the
+// The context and pointer kinds (tests/reliability/hostile_contexts.cpp), run under the
 // shim against the fake driver. Managed memory belongs to the context it was allocated in and
 // goes when that context ends: the shim must never let one context's end take another's
 // memory, must release exactly the ended context's blocks, and must answer pointer and

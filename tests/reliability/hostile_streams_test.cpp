@@ -1,4 +1,4 @@
-// Issue 30's stream kinds: memory freed while streams, contexts and captures still hold work
+// The stream kinds: memory freed while streams, contexts and captures still hold work
 // on it (tests/reliability/hostile_streams.cpp), run under the shim against the fake driver.
 // Each program is correct; the shim must never hand out memory that work issued before its
 // free may still use, must keep reusing what no such work uses, and must fence by the

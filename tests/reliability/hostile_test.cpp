@@ -1,4 +1,4 @@
-// Issue 18: the ways an adversarial user broke the shim, each as a correct program
+// The ways an adversarial user broke the shim, each as a correct program
 // (tests/reliability/hostile.cpp) that must run under the shim exactly as it runs without it.
 #include <gtest/gtest.h>
 
@@ -130,7 +130,7 @@ TEST(Hostile, ExitFromASignalHandlerDuringLaunchesNeverHangs) {
   }
 }
 
-// Issue 18, item 7 (found in review): a child forked before its parent used CUDA records a
+// a child forked before its parent used CUDA records a
 // trace of its own, and closes it at exit.
 TEST(Hostile, AChildForkedBeforeCudaWritesAWholeTrace) {
   for (const std::string name : {"t.jsonl", "t.jsonl.gz"}) {

@@ -1,4 +1,4 @@
-// Issue 12, item 1: PyTorch's caching-allocator rules (spillway/sim/caching_allocator.h) and
+// PyTorch's caching-allocator rules (spillway/sim/caching_allocator.h) and
 // the simulator's `pytorch` allocator view built on them (compile(trace, AllocatorView)).
 #include <gtest/gtest.h>
 
@@ -227,7 +227,7 @@ TEST(AllocatorView, SpillwayViewMovesAChunkOfSmallTensorsInOneCall) {
 }
 
 }  // namespace
-// Issue 12, item 4: fault feedback. The ExtentLearner widens an inferred range to what the
+// Fault feedback. The ExtentLearner widens an inferred range to what the
 // faults attributed to its launch show, per pointer and per signature, never past the block.
 Launch launch_of(std::uint64_t seq, std::string_view name, std::span<const Access> accesses) {
   Launch l;

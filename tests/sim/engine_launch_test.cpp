@@ -620,7 +620,7 @@ TEST(EngineLaunch, NoMoveReachesTheDriverForABlockFreedMeanwhile) {
   }
 }
 
-// Issue 18, item 9: threads allocating, launching and freeing at once. Whatever the
+// Threads allocating, launching and freeing at once. Whatever the
 // interleaving — a table check passed just before another thread's free, a plan carried out
 // after it — no prefetch or advice may reach the Backend for a range already freed.
 // A free on the very thread that is issuing a move (a signal handler's, or an atexit

@@ -650,7 +650,7 @@ TEST(LearnedTest, WritesBackAheadOfNeedOnATrainingLoop) {
 namespace spillway::sim {
 namespace {
 
-// Issue 13 item 3: weights written once, then only read, cycled through a GPU that holds
+// Weights written once, then only read, cycled through a GPU that holds
 // half of them (inference). Once a weight has been written back, its evictions need no
 // write-back when it is read-mostly: the oracle and learned advise it, and their D2H falls
 // to the first write-backs, where without the advice every eviction writes back.

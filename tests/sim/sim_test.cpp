@@ -328,7 +328,7 @@ std::pair<std::uint64_t, std::uint64_t> place_on_host(SimBackend& g) {
   return {a1, a2};
 }
 
-// Issue 13 item 2: a remote access crosses the link on its copy engine, after what that
+// A remote access crosses the link on its copy engine, after what that
 // engine was already doing, and the kernel runs once it is done. Blocks 1 and 2 are put on
 // the CPU by a host write; block 2 is prefetched (H2D busy 0-1 ms), then kernel k reads
 // block 1 remotely (preferred location CPU): its 2 MiB cross H2D at 1-2 ms, k computes at

@@ -181,7 +181,7 @@ TEST_F(TraceTest, TruncatedGzip) {
   }
 }
 
-// Issue 18, item 7: what two processes writing one trace leave — a whole gzip member and,
+// What two processes writing one trace leave — a whole gzip member and,
 // after it, bytes that are not another member — is rejected, naming the byte offset where the
 // compressed data end; a member cut short is rejected as truncated. Members concatenated
 // whole (as `cat a.gz b.gz` makes) are one stream.
@@ -246,7 +246,7 @@ TEST_F(TraceTest, GzipCutInsideAMemberIsTruncated) {
   }
 }
 
-// Issue 17 item 2: ".zst" writes zstd, read back by content (RFC 8878 frames), with the
+// ".zst" writes zstd, read back by content (RFC 8878 frames), with the
 // same checks as gzip: a frame cut short is truncated, bytes after the last frame that are
 // not another frame name the offset, frames concatenated whole are one stream.
 TEST_F(TraceTest, ZstdRoundTripsAndIsCheckedAsGzipIs) {

@@ -245,7 +245,7 @@ TEST_F(EngineTest, DeferredFreeWaitsForItsEventAndIsReleasedWhenItCompletes) {
   e->reclaim(true);  // nothing left
 }
 
-// Issue 18, item 3: a stream the driver does not know is no state: its error is returned,
+// A stream the driver does not know is no state: its error is returned,
 // and the block stays live, so that a free on a valid stream then succeeds.
 TEST_F(EngineTest, StreamOrderedFreeOnAnUnknownStreamReturnsItsErrorAndKeepsTheBlock) {
   SetUpDevice();
@@ -267,7 +267,7 @@ TEST_F(EngineTest, StreamOrderedFreeOnAnUnknownStreamReturnsItsErrorAndKeepsTheB
   EXPECT_EQ(e->managed_bytes(), 0u);
 }
 
-// Issue 18, item 4: a block whose stream-ordered release is pending is still the shim's: a
+// A block whose stream-ordered release is pending is still the shim's: a
 // second free of it is the program's error and never reaches the driver.
 TEST_F(EngineTest, SecondFreeOfABlockWhoseReleaseIsPendingIsRefused) {
   SetUpDevice();

@@ -1,0 +1,136 @@
+#include "sweep_report.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "policy_registry.h"
+#include "spillway/output_file.h"
+#include "spillway/size.h"
+
+namespace spillway::cli {
+
+namespace {
+
+// The cell a row belongs to: the rows of one cell differ only in their policy.
+using CellKey = std::tuple<std::string, std::string, std::string, std::uint64_t>;
+CellKey cell_of(const sim::CellResult& r) { return {r.trace, r.allocator, r.link, r.capacity_bytes}; }
+
+double ratio(std::uint64_t a, std::uint64_t b) { return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b); }
+
+// "-" for a ratio that cannot be given (0), else two decimals.
+std::string ratio_text(double x) { return x == 0.0 ? std::string("-") : fmt::format("{:.2f}", x); }
+
+std::string seconds(std::uint64_t ns) { return fmt::format("{:.3f} s", ns / 1e9); }
+std::string gbytes(std::uint64_t b) { return fmt::format("{:.1f}", b / 1e9); }
+
+// A policy a program can run under the shim (not the oracle, which knows the future).
+bool runnable(const std::string& policy_spec) {
+  const std::string_view name = std::string_view(policy_spec).substr(0, policy_spec.find(':'));
+  const auto& names = policy_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// A CSV field: quoted (quotes doubled) when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& v) {
+  if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
+  std::string out = "\"";
+  for (char c : v) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+// Calls per launch; 0 for a trace without launches.
+double calls_per_launch(std::uint64_t calls, std::uint64_t launches) {
+  return launches == 0 ? 0.0 : static_cast<double>(calls) / static_cast<double>(launches);
+}
+
+}  // namespace
+
+std::vector<double> speedups_vs_demand(const std::vector<sim::CellResult>& rows) {
+  std::map<CellKey, std::uint64_t> demand_ns;
+  for (const auto& r : rows) {
+    if (r.policy == "demand") demand_ns.emplace(cell_of(r), r.sim.time_ns);
+  }
+  std::vector<double> out;
+  out.reserve(rows.size());
+  for (const auto& r : rows) {
+    const auto it = demand_ns.find(cell_of(r));
+    out.push_back(it == demand_ns.end() ? 0.0 : ratio(it->second, r.sim.time_ns));
+  }
+  return out;
+}
+
+double slowdown_vs_unlimited(const sim::CellResult& row) { return ratio(row.sim.time_ns, row.sim.compute_ns); }
+
+void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups) {
+  std::size_t w = 5;
+  for (const auto& r : rows) w = std::max(w, r.trace.size());
+  constexpr std::string_view kLine = "{:<{}}  {:>14}  {:<11}  {:<9}  {:>11}  {:>7}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n";
+  out << fmt::format(kLine, "trace", w, "capacity", "policy", "allocator", "time", "xdemand", "xbound", "xunlim", "H2D GB",
+                     "D2H GB", "faults", "pf acc");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const sim::CellResult& r = rows[i];
+    std::string acc = r.sim.prefetch_bytes == 0 ? std::string("-")
+                                                : fmt::format("{:.1f}%", 100.0 * r.sim.prefetch_used_bytes / r.sim.prefetch_bytes);
+    out << fmt::format(kLine, r.trace, w, fmt::format("{} ({:.3f})", format_bytes(r.capacity_bytes), r.capacity_frac), r.policy,
+                       r.allocator, seconds(r.sim.time_ns), ratio_text(speedups[i]), ratio_text(ratio(r.sim.time_ns, r.bound_ns)),
+                       ratio_text(slowdown_vs_unlimited(r)), gbytes(r.sim.h2d_bytes), gbytes(r.sim.d2h_bytes), r.sim.faults, acc);
+  }
+}
+
+void print_best(std::ostream& out, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups) {
+  // (trace, allocator, link) -> capacity -> the fastest runnable row's index, in sweep order.
+  std::vector<std::tuple<std::string, std::string, std::string>> order;
+  std::map<std::tuple<std::string, std::string, std::string>, std::map<std::uint64_t, std::size_t>> best;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const sim::CellResult& r = rows[i];
+    if (!runnable(r.policy)) continue;
+    const auto group = std::make_tuple(r.trace, r.allocator, r.link);
+    auto [it, fresh] = best.try_emplace(group);
+    if (fresh) order.push_back(group);
+    auto [cell, first] = it->second.try_emplace(r.capacity_bytes, i);
+    if (!first && r.sim.time_ns < rows[cell->second].sim.time_ns) cell->second = i;
+  }
+  for (const auto& group : order) {
+    std::string line = fmt::format("best on {} ({}, {}):", std::get<0>(group), std::get<1>(group), std::get<2>(group));
+    const char* sep = " ";
+    // (Largest capacity first, as the user reads from "a little short" to "far short".)
+    const auto& cells = best.at(group);
+    for (auto it = cells.rbegin(); it != cells.rend(); ++it, sep = "; ") {
+      const sim::CellResult& r = rows[it->second];
+      const std::string vs = speedups[it->second] == 0.0 ? std::string("demand not swept")
+                                                         : fmt::format("{:.2f}x faster than demand", speedups[it->second]);
+      line += fmt::format("{}at {:.3f} {}, {}", sep, r.capacity_frac, r.policy, vs);
+    }
+    out << line << '\n';
+  }
+}
+
+void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups) {
+  OutputFile out(path);
+  // bound_ns: the two-direction bound (spillway/sim/bound.h); h2d_bound_ns: the bound before
+  // it, max(compute, MIN_H2D / B_h2d); cut_bound_ns: the cut bound alone.
+  out.write("trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
+            "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns,h2d_call_bytes_median,h2d_call_bytes_p90,"
+            "d2h_call_bytes_median,d2h_call_bytes_p90,h2d_calls_per_launch,policy_params,speedup_vs_demand,"
+            "slowdown_vs_unlimited\n");
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const sim::CellResult& r = rows[i];
+    // (policy and policy_params hold commas when tunables are given: quoted, RFC 4180.)
+    const CallSizes& in = r.engine.h2d_calls;
+    const CallSizes& out_calls = r.engine.d2h_calls;
+    // (A ratio that cannot be given is an empty field.)
+    auto field = [](double x) { return x == 0.0 ? std::string() : fmt::format("{:.4f}", x); };
+    out.write(fmt::format("{},{},{},{},{},{:.4f},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3f},{},{},{}\n", r.trace,
+                          csv_field(r.policy), r.allocator, r.link, r.capacity_bytes, r.capacity_frac, r.sim.time_ns,
+                          r.sim.compute_ns, r.bound_ns, r.sim.h2d_bytes, r.sim.d2h_bytes, r.sim.faults, r.sim.prefetch_bytes,
+                          r.sim.prefetch_used_bytes, r.h2d_bound_ns, r.cut_bound_ns, in.quantile(0.5), in.quantile(0.9),
+                          out_calls.quantile(0.5), out_calls.quantile(0.9), calls_per_launch(in.calls(), r.engine.launches),
+                          csv_field(r.policy_params), field(speedups[i]), field(slowdown_vs_unlimited(r))));
+  }
+  out.close();
+}
+
+}  // namespace spillway::cli

@@ -1,0 +1,35 @@
+// What `spillway sweep` prints and writes: the table, the answer to "how much faster than
+// plain unified memory, and which policy?", and the CSV (docs/simulator.md, "The sweep").
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "spillway/sim/simulator.h"
+
+namespace spillway::cli {
+
+// For each row, the time of `demand` (the driver's demand paging alone: plain unified
+// memory) in the same cell — trace, allocator view, link, capacity — divided by the row's
+// time: how many times faster than demand. 0 where demand was not swept in that cell or a
+// time is 0. Pure.
+std::vector<double> speedups_vs_demand(const std::vector<sim::CellResult>& rows);
+
+// The row's time divided by its compute time (its time with unlimited GPU memory: no
+// transfer ever waited for). 0 for a trace without kernel time. Pure.
+double slowdown_vs_unlimited(const sim::CellResult& row);
+
+// The table, one line per cell; `speedups` is speedups_vs_demand(rows).
+void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups);
+
+// One line per trace (per allocator view and link where several were swept): at each
+// capacity, the fastest policy a program can run (the oracle is left out: it knows the
+// future) and how many times faster than demand it is.
+void print_best(std::ostream& out, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups);
+
+// The CSV (columns: docs/simulator.md). Throws std::runtime_error "cannot write PATH:
+// REASON" (OutputFile) on any failure.
+void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups);
+
+}  // namespace spillway::cli

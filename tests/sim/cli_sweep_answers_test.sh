@@ -1,0 +1,45 @@
+#!/bin/sh
+# `spillway sweep` answers "how much faster than plain unified memory, and which policy?":
+# the CSV's speedup_vs_demand is demand's time in the same cell over the row's time (1 for
+# demand itself), slowdown_vs_unlimited is time over compute, the table has the xdemand
+# column, and one "best on" line per trace names the fastest policy a program can run (never
+# the oracle) with its speed-up; without demand in the sweep the fields are empty.
+#   cli_sweep_answers_test.sh SPILLWAY_CLI WORK_DIR SOURCE_DIR
+set -eu
+cli=$1 work=$2 src=$3
+trace=$src/bench/traces/BERT_Base-b256.jsonl.gz
+mkdir -p "$work"
+fail() { echo "FAIL: $*"; exit 1; }
+"$cli" sweep "$trace" --capacity 0.667,0.5 --policy demand,sequential,learned,oracle --csv "$work/s.csv" > "$work/out.txt"
+grep -q '  xdemand  ' "$work/out.txt" || fail "no xdemand column: $(head -1 "$work/out.txt")"
+[ "$(grep -c '^best on ' "$work/out.txt")" -eq 1 ] || fail "not one best line: $(cat "$work/out.txt")"
+best=$(grep '^best on ' "$work/out.txt")
+case $best in
+  "best on BERT_Base-b256 (none, pcie5): at 0.667 "*"x faster than demand; at 0.500 "*"x faster than demand") ;;
+  *) fail "best line: $best" ;;
+esac
+case $best in *oracle*) fail "the oracle cannot be run by a program: $best" ;; esac
+/usr/bin/python3 - "$work/s.csv" "$best" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1], newline="")))
+assert len(rows) == 8, len(rows)
+demand = {r["capacity_bytes"]: int(r["time_ns"]) for r in rows if r["policy"] == "demand"}
+for r in rows:
+    want = demand[r["capacity_bytes"]] / int(r["time_ns"])
+    got = float(r["speedup_vs_demand"])
+    assert abs(got - want) < 1e-4, (r["policy"], got, want)
+    assert abs(float(r["slowdown_vs_unlimited"]) - int(r["time_ns"]) / int(r["compute_ns"])) < 1e-4, r
+    if r["policy"] == "demand":
+        assert r["speedup_vs_demand"] == "1.0000", r["speedup_vs_demand"]
+# The best line names, per capacity, the fastest runnable policy and its figure.
+for frac in ("0.6670", "0.5000"):
+    cell = [r for r in rows if r["capacity_frac"] == frac and r["policy"] != "oracle"]
+    fastest = min(cell, key=lambda r: int(r["time_ns"]))
+    text = f'at {float(frac):.3f} {fastest["policy"]}, {float(fastest["speedup_vs_demand"]):.2f}x faster than demand'
+    assert text in sys.argv[2], (text, sys.argv[2])
+PY
+"$cli" sweep "$trace" --capacity 0.5 --policy learned --csv "$work/n.csv" > "$work/n.txt"
+grep -q '^best on BERT_Base-b256 (none, pcie5): at 0.500 learned, demand not swept$' "$work/n.txt" ||
+  fail "without demand: $(grep '^best' "$work/n.txt")"
+tail -1 "$work/n.csv" | grep -q ',,[0-9.]*$' || fail "speedup_vs_demand not empty without demand: $(tail -1 "$work/n.csv")"
+echo ok
