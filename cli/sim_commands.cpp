@@ -94,8 +94,6 @@ CapacitySpec parse_capacity(const std::string& text) {
   throw UsageError{fmt::format("invalid capacity '{}': expected a fraction of the peak in (0, 10] (0.5), a percentage (50%) or a size (24GiB)", text)};
 }
 
-std::string seconds(std::uint64_t ns) { return fmt::format("{:.3f} s", ns / 1e9); }
-std::string gbytes(std::uint64_t b) { return fmt::format("{:.1f}", b / 1e9); }
 
 // scripts/plot_sweep.py: $SPILLWAY_PLOT_SCRIPT, next to the build tree or installed tree,
 // or the source tree this program was built from.

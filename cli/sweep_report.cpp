@@ -23,9 +23,6 @@ double ratio(std::uint64_t a, std::uint64_t b) { return b == 0 ? 0.0 : static_ca
 // "-" for a ratio that cannot be given (0), else two decimals.
 std::string ratio_text(double x) { return x == 0.0 ? std::string("-") : fmt::format("{:.2f}", x); }
 
-std::string seconds(std::uint64_t ns) { return fmt::format("{:.3f} s", ns / 1e9); }
-std::string gbytes(std::uint64_t b) { return fmt::format("{:.1f}", b / 1e9); }
-
 // A policy a program can run under the shim (not the oracle, which knows the future).
 bool runnable(const std::string& policy_spec) {
   const std::string_view name = std::string_view(policy_spec).substr(0, policy_spec.find(':'));
@@ -47,6 +44,9 @@ double calls_per_launch(std::uint64_t calls, std::uint64_t launches) {
 }
 
 }  // namespace
+
+std::string seconds(std::uint64_t ns) { return fmt::format("{:.3f} s", ns / 1e9); }
+std::string gbytes(std::uint64_t b) { return fmt::format("{:.1f}", b / 1e9); }
 
 std::vector<double> speedups_vs_demand(const std::vector<sim::CellResult>& rows) {
   std::map<CellKey, std::uint64_t> demand_ns;

@@ -2,6 +2,7 @@
 // plain unified memory, and which policy?", and the CSV (docs/simulator.md, "The sweep").
 #pragma once
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -9,6 +10,11 @@
 #include "spillway/sim/simulator.h"
 
 namespace spillway::cli {
+
+// The table's units, shared with `spillway replay`'s lines: "12.345 s" from nanoseconds, and
+// "1.2" (GB, 10^9 bytes) from bytes.
+std::string seconds(std::uint64_t ns);
+std::string gbytes(std::uint64_t bytes);
 
 // For each row, the time of `demand` (the driver's demand paging alone: plain unified
 // memory) in the same cell — trace, allocator view, link, capacity — divided by the row's
