@@ -136,6 +136,7 @@ struct SimCommands::Options {
   bool breakdown = false;
   int jobs = 0;
   bool quiet = false;
+  bool recommend = false;
   // Parameter overrides (unset: the link profile's / the model's default).
   std::optional<double> h2d_gbps, d2h_gbps, fault_batch_us, fault_slowdown, density, remote_eff;
   std::optional<std::uint32_t> fault_batch_size;
@@ -244,6 +245,9 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.sweep->add_option("--plot", o.plot, "plot time / bound against capacity to FILE.png or FILE.svg (python3-matplotlib)");
   o.sweep->add_option("--jobs,-j", o.jobs, "simulations run in parallel [number of CPUs]")->check(CLI::Range(1, 1024));
   o.sweep->add_flag("--quiet,-q", o.quiet, "no progress line");
+  o.sweep->add_flag("--recommend", o.recommend,
+                    "after the table, per trace: the policy fastest in most of its capacities, as a --policy value for "
+                    "spillway run");
   o.add_model_options(o.sweep);
 
   o.replay = app.add_subcommand("replay", "Simulate one trace under one policy at one capacity; optionally write a timeline.");
@@ -556,14 +560,15 @@ void plot_sweep(const SimCommands::Options& o, const std::string& csv, const std
   std::string script = find_plot_script();
   if (script.empty()) throw std::runtime_error("cannot find scripts/plot_sweep.py (set SPILLWAY_PLOT_SCRIPT)");
   // Debian's python3-matplotlib lives with /usr/bin/python3 (a pyenv or venv python3 on
-  // PATH may lack it); $SPILLWAY_PYTHON overrides.
+  // PATH may lack it); $SPILLWAY_PYTHON overrides (the wheel's `spillway` sets it to the
+  // interpreter it is installed in: python/spillway/__main__.py).
   std::string python = "python3";
   if (const char* env = std::getenv("SPILLWAY_PYTHON"); env != nullptr && *env != '\0') python = env;
   else if (std::error_code ec; fs::exists("/usr/bin/python3", ec)) python = "/usr/bin/python3";
   std::string cmd = fmt::format("{} {} {} {}", shell_quote(python), shell_quote(script), shell_quote(csv), shell_quote(o.plot));
   int rc = std::system(cmd.c_str());
   if (!tmp_csv.empty()) fs::remove(tmp_csv);
-  if (rc != 0) throw std::runtime_error(fmt::format("plotting failed ({}): is python3-matplotlib installed?", cmd));
+  if (rc != 0) throw std::runtime_error(fmt::format("plotting failed ({}): is matplotlib installed for {}?", cmd, python));
   std::cout << "plot: " << o.plot << '\n';
 }
 
@@ -596,6 +601,7 @@ int run_sweep(SimCommands::Options& o) {
                            "xunlim = time / compute (how many times slower than with unlimited GPU memory)\n",
                            runner.cells(), plan.base.link.name, plan.base.link.h2d_bytes_per_s / 1e9, wall, plan.jobs);
   print_best(std::cout, results, speedups);
+  if (o.recommend) print_recommendations(std::cout, results);
   write_sweep_files(o, results, speedups);
   return 0;
 }

@@ -80,24 +80,39 @@ void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows, co
   }
 }
 
-void print_best(std::ostream& out, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups) {
-  // (trace, allocator, link) -> capacity -> the fastest runnable row's index, in sweep order.
-  std::vector<std::tuple<std::string, std::string, std::string>> order;
-  std::map<std::tuple<std::string, std::string, std::string>, std::map<std::uint64_t, std::size_t>> best;
+namespace {
+
+// (trace, allocator, link) -> capacity -> the index of the fastest runnable row; groups in
+// sweep order.
+struct Fastest {
+  using Group = std::tuple<std::string, std::string, std::string>;
+  std::vector<Group> order;
+  std::map<Group, std::map<std::uint64_t, std::size_t>> cells;
+};
+
+Fastest fastest_runnable(const std::vector<sim::CellResult>& rows) {
+  Fastest f;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const sim::CellResult& r = rows[i];
     if (!runnable(r.policy)) continue;
     const auto group = std::make_tuple(r.trace, r.allocator, r.link);
-    auto [it, fresh] = best.try_emplace(group);
-    if (fresh) order.push_back(group);
+    auto [it, fresh] = f.cells.try_emplace(group);
+    if (fresh) f.order.push_back(group);
     auto [cell, first] = it->second.try_emplace(r.capacity_bytes, i);
     if (!first && r.sim.time_ns < rows[cell->second].sim.time_ns) cell->second = i;
   }
-  for (const auto& group : order) {
+  return f;
+}
+
+}  // namespace
+
+void print_best(std::ostream& out, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups) {
+  const Fastest f = fastest_runnable(rows);
+  for (const auto& group : f.order) {
     std::string line = fmt::format("best on {} ({}, {}):", std::get<0>(group), std::get<1>(group), std::get<2>(group));
     const char* sep = " ";
     // (Largest capacity first, as the user reads from "a little short" to "far short".)
-    const auto& cells = best.at(group);
+    const auto& cells = f.cells.at(group);
     for (auto it = cells.rbegin(); it != cells.rend(); ++it, sep = "; ") {
       const sim::CellResult& r = rows[it->second];
       const std::string vs = speedups[it->second] == 0.0 ? std::string("demand not swept")
@@ -105,6 +120,23 @@ void print_best(std::ostream& out, const std::vector<sim::CellResult>& rows, con
       line += fmt::format("{}at {:.3f} {}, {}", sep, r.capacity_frac, r.policy, vs);
     }
     out << line << '\n';
+  }
+}
+
+void print_recommendations(std::ostream& out, const std::vector<sim::CellResult>& rows) {
+  const Fastest f = fastest_runnable(rows);
+  for (const auto& group : f.order) {
+    const auto& cells = f.cells.at(group);
+    // The policy as the sweep was given it (a name, or NAME:KEY=VALUE,...), so that tunables
+    // left at their defaults resolve on the user's machine as they did in the sweep.
+    std::map<std::string, std::size_t> wins;  // policy -> capacities it was fastest at
+    for (const auto& [capacity, i] : cells) ++wins[rows[i].policy];
+    std::string pick = rows[cells.begin()->second].policy;
+    for (const auto& [policy, n] : wins) {
+      if (n > wins.at(pick)) pick = policy;
+    }
+    out << fmt::format("recommended for {} ({}, {}): spillway run --policy '{}' (fastest at {} of {} capacities)\n",
+                       std::get<0>(group), std::get<1>(group), std::get<2>(group), pick, wins.at(pick), cells.size());
   }
 }
 

@@ -34,6 +34,13 @@ void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows, co
 // future) and how many times faster than demand it is.
 void print_best(std::ostream& out, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups);
 
+// One line per trace (per allocator view and link where several were swept): the runnable
+// policy that was fastest in most of the trace's capacities (a tie: the one fastest at the
+// smallest capacity), as the sweep was given it (a name or NAME:KEY=VALUE,...), which is what
+// `spillway run --policy` takes:
+//   recommended for T (none, pcie5): spillway run --policy 'learned' (fastest at 2 of 2 capacities)
+void print_recommendations(std::ostream& out, const std::vector<sim::CellResult>& rows);
+
 // The CSV (columns: docs/simulator.md). Throws std::runtime_error "cannot write PATH:
 // REASON" (OutputFile) on any failure.
 void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups);

@@ -23,7 +23,8 @@ def main(argv):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("plot_sweep.py: python3-matplotlib is not installed (apt-get install python3-matplotlib)", file=sys.stderr)
+        print(f"plot_sweep.py: matplotlib is not installed for {sys.executable} (pip install 'spillway[plot]', "
+              "or apt-get install python3-matplotlib for /usr/bin/python3)", file=sys.stderr)
         return 1
     series = defaultdict(lambda: defaultdict(list))  # trace -> policy -> [(frac, time / bound)]
     speedups = defaultdict(lambda: defaultdict(list))  # trace -> policy -> [(frac, x faster than demand)]

@@ -42,4 +42,24 @@ PY
 grep -q '^best on BERT_Base-b256 (none, pcie5): at 0.500 learned, demand not swept$' "$work/n.txt" ||
   fail "without demand: $(grep '^best' "$work/n.txt")"
 tail -1 "$work/n.csv" | grep -q ',,[0-9.]*$' || fail "speedup_vs_demand not empty without demand: $(tail -1 "$work/n.csv")"
+# --recommend: one line per trace naming the runnable policy fastest in most capacities, as
+# the sweep was given it,, and the replay command accepts that --policy value.
+"$cli" sweep "$trace" --capacity 0.667,0.5 --policy demand,sequential,learned,oracle --recommend --csv "$work/r.csv" > "$work/r.txt"
+[ "$(grep -c '^recommended for ' "$work/r.txt")" -eq 1 ] || fail "not one recommendation: $(cat "$work/r.txt")"
+rec=$(grep '^recommended for ' "$work/r.txt")
+pick=$(/usr/bin/python3 - "$work/r.csv" "$rec" <<'PY'
+import collections, csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1], newline="")) if r["policy"] != "oracle"]
+wins = collections.Counter()
+for frac in {r["capacity_frac"] for r in rows}:
+    fastest = min((r for r in rows if r["capacity_frac"] == frac), key=lambda r: int(r["time_ns"]))
+    wins[fastest["policy"]] += 1
+best, n = wins.most_common(1)[0]
+assert wins.most_common(2)[-1][1] < n or len(wins) == 1, wins  # (no tie in this trace)
+want = f"recommended for BERT_Base-b256 (none, pcie5): spillway run --policy '{best}' (fastest at {n} of 2 capacities)"
+assert sys.argv[2] == want, (sys.argv[2], want)
+print(best)
+PY
+) || fail "recommendation: $rec"
+"$cli" replay "$trace" --capacity 0.5 --policy "$pick" > /dev/null || fail "replay does not take --policy '$pick'"
 echo ok
