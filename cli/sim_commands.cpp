@@ -94,7 +94,6 @@ CapacitySpec parse_capacity(const std::string& text) {
   throw UsageError{fmt::format("invalid capacity '{}': expected a fraction of the peak in (0, 10] (0.5), a percentage (50%) or a size (24GiB)", text)};
 }
 
-
 // scripts/plot_sweep.py: $SPILLWAY_PLOT_SCRIPT, next to the build tree or installed tree,
 // or the source tree this program was built from.
 std::string find_plot_script() {
@@ -242,7 +241,7 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
                       "true extents: the ceiling of extent learning) [none]")
       ->delimiter(',');
   o.sweep->add_option("--csv", o.csv, "write the results as CSV to FILE");
-  o.sweep->add_option("--plot", o.plot, "plot time / bound against capacity to FILE.png or FILE.svg (python3-matplotlib)");
+  o.sweep->add_option("--plot", o.plot, "plot the speed-up over demand and time / bound against capacity to FILE.png or FILE.svg (matplotlib)");
   o.sweep->add_option("--jobs,-j", o.jobs, "simulations run in parallel [number of CPUs]")->check(CLI::Range(1, 1024));
   o.sweep->add_flag("--quiet,-q", o.quiet, "no progress line");
   o.sweep->add_flag("--recommend", o.recommend,
