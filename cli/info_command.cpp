@@ -16,6 +16,7 @@
 #include "spillway/config.h"
 #include "spillway/cupti_library.h"
 #include "spillway/policy.h"
+#include "spillway/sim/params.h"
 #include "spillway/size.h"
 #include "policy_registry.h"
 
@@ -242,6 +243,28 @@ nlohmann::json device_json(const Device& d) {
   return dj;
 }
 
+// The simulator's link profiles (spillway sweep/replay --link), each figure with its source.
+nlohmann::json links_json() {
+  nlohmann::json links = nlohmann::json::array();
+  auto points = [](const std::vector<sim::CallPoint>& pts) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const sim::CallPoint& p : pts) a.push_back({{"bytes", p.bytes}, {"measured_gb_per_s", p.gb_per_s}});
+    return a;
+  };
+  for (const sim::LinkProfile& l : sim::link_profiles()) {
+    links.push_back({{"name", l.name},
+                     {"h2d_bytes_per_s", l.h2d_bytes_per_s},
+                     {"d2h_bytes_per_s", l.d2h_bytes_per_s},
+                     {"fault_batch_ns", l.fault_batch_ns},
+                     {"fault_slowdown", l.fault_slowdown},
+                     {"call_shape", {{"h2d", points(l.calls.h2d)}, {"d2h", points(l.calls.d2h)}}},
+                     {"fastest_call_bytes_per_s", {{"h2d", sim::peak_bytes_per_s(l, Location::gpu)}, {"d2h", sim::peak_bytes_per_s(l, Location::cpu)}}},
+                     {"sources", {{"bandwidth", l.sources.bandwidth}, {"calls", l.sources.calls}, {"fault_batch", l.sources.fault_batch},
+                                  {"fault_slowdown", l.sources.fault_slowdown}}}});
+  }
+  return links;
+}
+
 void print_json(const Facts& f) {
   const Report& rep = f.rep;
   nlohmann::json j;
@@ -260,6 +283,7 @@ void print_json(const Facts& f) {
   for (const Device& d : rep.devices) j["devices"].push_back(device_json(d));
   j["settings"] = nlohmann::json::array();
   for (const Setting& s : f.settings) j["settings"].push_back({{"variable", s.variable}, {"value", s.value}, {"source", s.source}});
+  j["links"] = links_json();
   // (Values from the environment need not be UTF-8: such bytes are replaced, not thrown on.)
   std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
 }
@@ -298,6 +322,8 @@ void print_text(const Facts& f) {
   for (const Device& d : rep.devices) out += device_text(d, f.config);
   out += "settings   (source: default, variable = the environment, option = given here)\n";
   for (const Setting& s : f.settings) out += fmt::format("  {:<29} {:<24} {}\n", s.variable, s.value.empty() ? "(none)" : s.value, s.source);
+  out += "simulator  link profiles (spillway sweep/replay --link), each figure with its source:\n";
+  for (const sim::LinkProfile& l : sim::link_profiles()) out += sim::describe_link(l, l.fault_slowdown);
   std::cout << out;
 }
 

@@ -141,6 +141,7 @@ struct SimCommands::Options {
   std::optional<std::uint32_t> fault_batch_size;
   std::string fault_granularity;
   std::string fault_feedback = "on";
+  std::string call_shape = "on";
   std::string state_memory;
   // replay
   std::string replay_trace, replay_policy, replay_capacity;
@@ -149,6 +150,9 @@ struct SimCommands::Options {
     cmd->add_option("--link", link, "link profile: pcie3, pcie4, pcie5, c2c, h200 (measured on an H200) [pcie5]");
     cmd->add_option("--h2d-bandwidth", h2d_gbps, "override the link's host-to-GPU bandwidth, GB/s (1e9 B/s)");
     cmd->add_option("--d2h-bandwidth", d2h_gbps, "override the link's GPU-to-host bandwidth, GB/s");
+    cmd->add_option("--call-shape", call_shape,
+                    "on or off: a move call of several chunks runs at the rate the link's measured call shape gives its "
+                    "length (h200; the other profiles have none), or every chunk as a 2 MiB call [on]");
     cmd->add_option("--fault-batch-us", fault_batch_us, "cost of one fault batch, us [45: G10/UVMSmart]");
     cmd->add_option("--fault-batch-size", fault_batch_size, "faults per batch [256: uvm_perf_fault_batch_count]");
     cmd->add_option("--fault-granularity", fault_granularity, "fault granularity [64KiB: UVM big page]");
@@ -185,11 +189,21 @@ struct SimCommands::Options {
     return v;
   }
 
-  // The link's bandwidths and fault batch cost.
+  // The link's bandwidths, call shape and fault batch cost; a figure replaced says so in its source.
   void override_link(sim::SimParams& p) const {
     if (h2d_gbps) p.link.h2d_bytes_per_s = in_range("--h2d-bandwidth", *h2d_gbps, 0.01, 100000, " GB/s") * 1e9;
     if (d2h_gbps) p.link.d2h_bytes_per_s = in_range("--d2h-bandwidth", *d2h_gbps, 0.01, 100000, " GB/s") * 1e9;
-    if (fault_batch_us) p.link.fault_batch_ns = static_cast<std::uint64_t>(in_range("--fault-batch-us", *fault_batch_us, 0, 1e6, " us") * 1e3);
+    if (h2d_gbps || d2h_gbps) p.link.sources.bandwidth = "set by --h2d-bandwidth/--d2h-bandwidth";
+    if (call_shape == "off") {
+      p.link.calls = {};
+      p.link.sources.calls = "off (--call-shape off): every chunk moves as a 2 MiB call";
+    } else if (call_shape != "on") {
+      throw UsageError{fmt::format("invalid --call-shape '{}': expected on or off", call_shape)};
+    }
+    if (fault_batch_us) {
+      p.link.fault_batch_ns = static_cast<std::uint64_t>(in_range("--fault-batch-us", *fault_batch_us, 0, 1e6, " us") * 1e3);
+      p.link.sources.fault_batch = "set by --fault-batch-us";
+    }
   }
 
   // The driver's fault handling and remote access.
@@ -203,7 +217,10 @@ struct SimCommands::Options {
       if (!g || *g == 0 || *g > kChunkBytes) throw UsageError{fmt::format("invalid --fault-granularity '{}': a size from 1 B to 2MiB", fault_granularity)};
       p.fault_granularity_bytes = *g;
     }
-    if (fault_slowdown) p.fault_slowdown = in_range("--fault-slowdown", *fault_slowdown, 1, 1000, "");
+    if (fault_slowdown) {
+      p.fault_slowdown = in_range("--fault-slowdown", *fault_slowdown, 1, 1000, "");
+      p.link.sources.fault_slowdown = "set by --fault-slowdown";
+    }
     if (density) p.density_threshold = in_range("--density-threshold", *density, 0, 1, "");
     if (remote_eff) p.remote_efficiency = in_range("--remote-efficiency", *remote_eff, 0.001, 1, "");  // (above 1 a copy engine would move more than the link: the bound assumes it cannot)
   }
@@ -593,6 +610,7 @@ int run_sweep(SimCommands::Options& o) {
   CellRunner runner(plan, traces);
   const std::vector<sim::CellResult> results = runner.run();
   const std::vector<double> speedups = speedups_vs_demand(results);
+  std::cout << sim::describe_link(plan.base.link, plan.base.fault_slowdown);
   print_table(std::cout, results, speedups);
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << fmt::format("{} simulations on {} ({:.1f} GB/s H2D) in {:.2f} s wall, {} jobs; xdemand = how many times faster than "
@@ -621,6 +639,7 @@ int run_replay(SimCommands::Options& o) {
   std::vector<sim::Span> spans;  // (kept only when asked for: they grow with the trace)
   const bool keep_spans = !o.timeline.empty() || o.breakdown;
   sim::CellResult r = sim::run_cell(t, policy, p, keep_spans ? &spans : nullptr, &bound);
+  std::cout << sim::describe_link(p.link, p.fault_slowdown);
   print_table(std::cout, {r}, {0.0});
   const auto& s = r.sim;
   std::cout << fmt::format(

@@ -374,7 +374,9 @@ std::uint64_t best_weights(const Positions& pos, std::span<const std::uint32_t> 
 }
 
 Link link_of(const SimParams& params) {
-  return Link{whole_bandwidth(params.link.h2d_bytes_per_s, "H2D"), whole_bandwidth(params.link.d2h_bytes_per_s, "D2H")};
+  // (The fastest call: every transfer of the model moves at most that fast.)
+  return Link{whole_bandwidth(peak_bytes_per_s(params.link, Location::gpu), "H2D"),
+              whole_bandwidth(peak_bytes_per_s(params.link, Location::cpu), "D2H")};
 }
 
 }  // namespace

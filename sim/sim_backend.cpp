@@ -85,13 +85,34 @@ void SimBackend::leave(std::uint32_t c) {
   chunks_.flags[c] &= static_cast<std::uint8_t>(~(unused_prefetch | dirty));
 }
 
-std::uint64_t SimBackend::write_back(std::uint32_t c, std::uint64_t not_before) {
+// Each moved chunk of a call that moves `moving` chunks toward `to` holds its copy engine for
+// an equal share of the call's time (the link's call shape; one chunk: a 2 MiB call).
+std::uint64_t SimBackend::call_chunk_ns(Location to, std::uint64_t moving) const {
+  const std::uint64_t one = copy_ns(to == Location::gpu ? params_.link.h2d_bytes_per_s : params_.link.d2h_bytes_per_s, kChunkBytes);
+  const bool shaped = !(to == Location::gpu ? params_.link.calls.h2d : params_.link.calls.d2h).empty();
+  if (!shaped || moving <= 1) return one;
+  return static_cast<std::uint64_t>(std::ceil(call_ns(params_.link, to, moving * kChunkBytes) / static_cast<double>(moving)));
+}
+
+// The chunks of [first, last] that a move toward `to` copies: toward the GPU those on the
+// host (a fresh chunk is only created), toward the host those resident whose copy is not a
+// free drop (an unwritten read-mostly copy).
+std::uint64_t SimBackend::chunks_to_copy(std::uint64_t first, std::uint64_t last, Location to) const {
+  std::uint64_t n = 0;
+  for (std::uint64_t c = first; c <= last; ++c) {
+    if (to == Location::gpu) n += chunks_.state[c] == cpu && chunks_.live_count[c] != 0;
+    else n += chunks_.state[c] == gpu && !((chunks_.flags[c] & read_mostly) && !(chunks_.flags[c] & dirty));
+  }
+  return n;
+}
+
+std::uint64_t SimBackend::write_back(std::uint32_t c, std::uint64_t not_before, std::uint64_t copy) {
   std::uint64_t start = std::max({not_before, clock_.d2h, chunks_.ready[c]});
   if ((chunks_.flags[c] & read_mostly) && !(chunks_.flags[c] & dirty)) {  // a valid copy stays on the CPU
     ++stats_.clean_drops;
     return start;
   }
-  std::uint64_t done = start + copy_ns(params_.link.d2h_bytes_per_s, kChunkBytes);
+  std::uint64_t done = start + copy;
   clock_.d2h = done;
   stats_.d2h_bytes += kChunkBytes;
   if (record_spans_) spans_.push_back({Span::d2h, 0, start, done - start});
@@ -119,7 +140,7 @@ std::uint64_t SimBackend::acquire_slot(std::uint64_t t) {
       continue;
     }
     const std::uint64_t before = stats_.d2h_bytes;
-    slot = write_back(c, t);
+    slot = write_back(c, t, copy_ns(params_.link.d2h_bytes_per_s, kChunkBytes));  // (one chunk)
     faults_.driver_out_bytes += stats_.d2h_bytes - before;
     leave(c);
     chunks_.state[c] = cpu;
@@ -148,7 +169,7 @@ void SimBackend::make_resident(std::uint32_t c, std::uint64_t ready) {
   note_occupancy();
 }
 
-void SimBackend::prefetch_in(std::uint32_t c, std::uint64_t now) {
+void SimBackend::prefetch_in(std::uint32_t c, std::uint64_t now, std::uint64_t copy) {
   if (chunks_.state[c] == gpu || chunks_.live_count[c] == 0) return;
   std::uint64_t slot = acquire_slot(now);
   if (slot == kNoSlot) return;
@@ -157,7 +178,7 @@ void SimBackend::prefetch_in(std::uint32_t c, std::uint64_t now) {
     return;
   }
   std::uint64_t start = std::max(slot, clock_.h2d);
-  std::uint64_t done = start + copy_ns(params_.link.h2d_bytes_per_s, kChunkBytes);
+  std::uint64_t done = start + copy;
   clock_.h2d = done;
   stats_.h2d_bytes += kChunkBytes;
   stats_.prefetch_bytes += kChunkBytes;
@@ -166,9 +187,9 @@ void SimBackend::prefetch_in(std::uint32_t c, std::uint64_t now) {
   chunks_.flags[c] |= unused_prefetch;
 }
 
-void SimBackend::evict(std::uint32_t c, std::uint64_t now) {
+void SimBackend::evict(std::uint32_t c, std::uint64_t now, std::uint64_t copy) {
   if (chunks_.state[c] != gpu) return;
-  std::uint64_t done = write_back(c, now);
+  std::uint64_t done = write_back(c, now, copy);
   leave(c);
   chunks_.state[c] = cpu;
   ++stats_.chunks_evicted;
@@ -180,9 +201,10 @@ Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to
   if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
   std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
   if (last >= chunks_.live_count.size()) return Result{Status::invalid_value, 0};
+  const std::uint64_t copy = call_chunk_ns(to, chunks_to_copy(first, last, to));
   for (std::uint64_t c = first; c <= last; ++c) {
-    if (to == Location::gpu) prefetch_in(static_cast<std::uint32_t>(c), clock_.compute);
-    else evict(static_cast<std::uint32_t>(c), clock_.compute);
+    if (to == Location::gpu) prefetch_in(static_cast<std::uint32_t>(c), clock_.compute, copy);
+    else evict(static_cast<std::uint32_t>(c), clock_.compute, copy);
   }
   return {};
 }

@@ -17,7 +17,7 @@ namespace spillway::sim {
 LowerBound lower_bound(const CompiledTrace& trace, const SimParams& params) {
   LowerBound b;
   b.min_fetch = min_fetch(trace, params.capacity_bytes / kChunkBytes);
-  const double link_ns = std::ceil(static_cast<double>(b.min_fetch.bytes) * 1e9 / params.link.h2d_bytes_per_s);
+  const double link_ns = std::ceil(static_cast<double>(b.min_fetch.bytes) * 1e9 / peak_bytes_per_s(params.link, Location::gpu));
   b.h2d_ns = std::max<std::uint64_t>(trace.compute_ns, static_cast<std::uint64_t>(link_ns));
   b.cut = search_cut_bound(trace, params);
   b.ns = std::max(b.cut.ns, b.h2d_ns);

@@ -8,27 +8,72 @@
 #include <string_view>
 #include <vector>
 
+#include "spillway/types.h"
+
 namespace spillway::sim {
 
-// A host-GPU link. Bandwidths in bytes per second, per direction; latency in ns.
+// One measured point of a link's call shape: a cuMemPrefetchAsync call moving `bytes` ran at
+// `gb_per_s` (1e9 bytes per second), measured as a series of back-to-back calls on one stream.
+struct CallPoint {
+  std::uint64_t bytes;
+  double gb_per_s;
+};
+
+// How a move call's time grows with its bytes, per direction (docs/simulator.md, "Move
+// calls"). Only ratios within the measured run are used: a call of b bytes costs
+// (2 MiB ÷ the profile's bandwidth) × t(b) ÷ t(2 MiB), t interpolated linearly between the
+// points (below the smallest: the smallest's time; above the largest: the last segment's
+// rate continued). So a 2 MiB call costs what the profile's bandwidth says, whatever run the
+// shape came from. Empty: a call costs its bytes ÷ the bandwidth (no per-call cost).
+// Each direction's points rise in bytes and in time, and include 2 MiB (checked by tests).
+struct CallShape {
+  std::vector<CallPoint> h2d, d2h;
+};
+
+// Where each of a profile's figures comes from: "measured on ... (docs/...)", a paper or
+// driver source, "assumed: why", or "set by --option" once the command line replaced it.
+struct LinkSources {
+  std::string bandwidth;       // h2d_bytes_per_s, d2h_bytes_per_s
+  std::string calls;           // calls
+  std::string fault_batch;     // fault_batch_ns
+  std::string fault_slowdown;  // fault_slowdown
+};
+
+// A host-GPU link. Bandwidths in bytes per second, per direction, of a 2 MiB move call;
+// latency in ns.
 struct LinkProfile {
   std::string name;
   double h2d_bytes_per_s = 0;
   double d2h_bytes_per_s = 0;
   // Cost of one fault batch (the driver's round trip per batch of replayable faults).
   std::uint64_t fault_batch_ns = 0;
-  std::string source;  // where the figures come from
   // Fault-driven migration is this many times slower than an explicit prefetch on this link
   // (SimParams::fault_slowdown takes it; --fault-slowdown overrides). 10: the figure RAPIDS
   // and JAX maintainers report for cudaMallocManaged vs prefetch (docs/simulator.md); measured where
   // a profile was measured.
   double fault_slowdown = 10.0;
+  CallShape calls;  // empty: no per-call cost
+  LinkSources sources;
 };
 
 // pcie3, pcie4, pcie5, c2c, h200 (measured: docs/gpu-results.md). Thread-safe.
 const std::vector<LinkProfile>& link_profiles();
 // The profile called `name`, if any.
 std::optional<LinkProfile> find_link(std::string_view name);
+
+// Time of one move call of `bytes` toward `to` (gpu: H2D, cpu: D2H) on `link`, in ns, not
+// rounded. With an empty call shape (`--call-shape off` empties it): bytes ÷ bandwidth.
+double call_ns(const LinkProfile& link, Location to, std::uint64_t bytes);
+// The fastest any move call runs toward `to` on `link`, bytes per second: the supremum over
+// call sizes b of b ÷ call_ns(b) (at a measured point or the last segment's rate), and never
+// below the profile's bandwidth. Every transfer of the model (a call, a fault migration, a
+// remote access) moves at most this fast, so the lower bound charges bytes at it
+// (docs/simulator.md, "The lower bound").
+double peak_bytes_per_s(const LinkProfile& link, Location to);
+// The profile, each figure with its source, in a few lines (each ending in a newline), for
+// the headers of `spillway sweep`/`replay` and `spillway info`. `fault_slowdown` is the one in
+// force (SimParams::fault_slowdown).
+std::string describe_link(const LinkProfile& link, double fault_slowdown);
 
 struct SimParams {
   // GPU memory the simulated GPU offers to managed memory, in bytes (whole 2 MiB chunks

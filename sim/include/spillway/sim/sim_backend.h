@@ -1,6 +1,7 @@
 // SimBackend: the Engine's Backend over a simulated GPU (docs/simulator.md, "The model").
 // Time is simulated, in ns. One compute stream runs kernels in trace order; one H2D and one
-// D2H copy engine each move data in issue order at the link's bandwidth, overlapping compute:
+// D2H copy engine each move data in issue order at the link's bandwidth, overlapping compute
+// (the chunks of one move call at the rate the link's call shape gives a call that long):
 // H2D carries prefetches, fault migrations and remote reads; D2H carries write-backs, remote
 // writes and the host's faults (the bound, spillway/sim/bound.h, relies on this).
 // Residency is per 2 MiB chunk. A kernel that touches a chunk that is neither resident nor
@@ -121,11 +122,14 @@ class SimBackend final : public Backend {
 
   void retire(std::uint64_t t);
   std::uint64_t acquire_slot(std::uint64_t t);
-  std::uint64_t write_back(std::uint32_t c, std::uint64_t not_before);
+  // Copies chunk c to the host over D2H, holding the engine `copy` ns; returns when done.
+  std::uint64_t write_back(std::uint32_t c, std::uint64_t not_before, std::uint64_t copy);
   void make_resident(std::uint32_t c, std::uint64_t ready);
   void leave(std::uint32_t c);
-  void prefetch_in(std::uint32_t c, std::uint64_t now);
-  void evict(std::uint32_t c, std::uint64_t now);
+  void prefetch_in(std::uint32_t c, std::uint64_t now, std::uint64_t copy);
+  void evict(std::uint32_t c, std::uint64_t now, std::uint64_t copy);
+  std::uint64_t call_chunk_ns(Location to, std::uint64_t moving) const;
+  std::uint64_t chunks_to_copy(std::uint64_t first, std::uint64_t last, Location to) const;
   void note_occupancy();
   std::uint64_t copy_ns(double bytes_per_s, std::uint64_t bytes) const;
   // The steps of run(): a host event; for a kernel, each touch served where its chunk is
