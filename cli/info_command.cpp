@@ -226,6 +226,7 @@ struct Facts {
   std::uint64_t cap = 0;   // managed cap
   bool cupti_found = false;
   std::string cupti_path;
+  bool links = false;  // the text lists every link profile's figures
 };
 
 nlohmann::json device_json(const Device& d) {
@@ -322,16 +323,22 @@ void print_text(const Facts& f) {
   for (const Device& d : rep.devices) out += device_text(d, f.config);
   out += "settings   (source: default, variable = the environment, option = given here)\n";
   for (const Setting& s : f.settings) out += fmt::format("  {:<29} {:<24} {}\n", s.variable, s.value.empty() ? "(none)" : s.value, s.source);
-  out += "simulator  link profiles (spillway sweep/replay --link), each figure with its source:\n";
-  for (const sim::LinkProfile& l : sim::link_profiles()) out += sim::describe_link(l, l.fault_slowdown);
+  std::string names;
+  for (const sim::LinkProfile& l : sim::link_profiles()) names += (names.empty() ? "" : ", ") + l.name;
+  out += fmt::format("simulator  link profiles {} (spillway sweep/replay --link); spillway info --links: each figure with its source\n", names);
+  if (f.links) {
+    for (const sim::LinkProfile& l : sim::link_profiles()) out += sim::describe_link(l, l.fault_slowdown);
+  }
   std::cout << out;
 }
 
 }  // namespace
 
-int info_command(const std::vector<std::pair<std::string, std::string>>& options, const std::string& shim, bool json) {
+int info_command(const std::vector<std::pair<std::string, std::string>>& options, const std::string& shim, bool json,
+                 bool links) {
   Facts f;
   f.shim = shim;
+  f.links = links;
   if (int status = read_settings(options, f.config, f.settings); status != 0) return status;
   f.rep = read_driver(f.config);
   f.host = read_host_memory_bytes();

@@ -1,6 +1,6 @@
 // spillway: the command-line front end.
 //   spillway run [options] -- CMD [ARGS...]   run CMD with libspillway.so preloaded
-//   spillway info [options] [--json]          what Spillway would do on this machine
+//   spillway info [options] [--json] [--links] what Spillway would do on this machine
 //   spillway policies [--json] [NAME...]      the policies and their tunables
 #include <algorithm>
 #include <unistd.h>
@@ -227,6 +227,8 @@ int main(int argc, char** argv) {
   SettingOptions info_settings(info_cmd);
   bool info_json = false;
   info_cmd->add_flag("--json", info_json, "print one JSON object instead of the table");
+  bool info_links = false;
+  info_cmd->add_flag("--links", info_links, "also print the simulator's link profiles, each figure with its source");
 
   spillway::cli::SimCommands sim_commands(app);  // `sweep` and `replay`
 
@@ -243,7 +245,7 @@ int main(int argc, char** argv) {
     if (sim_commands.parsed()) status = sim_commands.run();
     else if (run_cmd->parsed()) status = run(run_settings.settings(), command);
     else if (policies_cmd->parsed()) status = spillway::cli::policies_command(policy_filter, policies_json);
-    else if (info_cmd->parsed()) status = spillway::cli::info_command(info_settings.settings(), find_shim(), info_json);
+    else if (info_cmd->parsed()) status = spillway::cli::info_command(info_settings.settings(), find_shim(), info_json, info_links);
   } catch (const CLI::ParseError& e) {
     if (std::string why = spillway::cli::explain_parse_error(app, e, std::vector<std::string>(argv + 1, argv + argc));
         !why.empty()) {
