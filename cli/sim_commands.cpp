@@ -130,7 +130,7 @@ struct SimCommands::Options {
   std::vector<std::string> policies;
   std::vector<std::string> capacities;
   std::vector<std::string> allocators;
-  std::string link = "pcie5";
+  std::string link;  // comma-separated; empty: sweep pcie5,h200, replay pcie5
   std::string csv, plot, timeline;
   bool breakdown = false;
   int jobs = 0;
@@ -147,7 +147,10 @@ struct SimCommands::Options {
   std::string replay_trace, replay_policy, replay_capacity;
 
   void add_model_options(CLI::App* cmd) {
-    cmd->add_option("--link", link, "link profile: pcie3, pcie4, pcie5, c2c, h200 (measured on an H200) [pcie5]");
+    cmd->add_option("--link", link,
+                    cmd == sweep ? "link profiles, comma-separated: pcie3, pcie4, pcie5, c2c (assumed figures), h200 (measured on "
+                                   "an H200) [pcie5,h200: the assumed and the measured side by side]"
+                                 : "link profile: pcie3, pcie4, pcie5, c2c (assumed figures), h200 (measured on an H200) [pcie5]");
     cmd->add_option("--h2d-bandwidth", h2d_gbps, "override the link's host-to-GPU bandwidth, GB/s (1e9 B/s)");
     cmd->add_option("--d2h-bandwidth", d2h_gbps, "override the link's GPU-to-host bandwidth, GB/s");
     cmd->add_option("--call-shape", call_shape,
@@ -167,10 +170,25 @@ struct SimCommands::Options {
                     "'unlimited' [256MiB]");
   }
 
-  sim::SimParams params() const {
+  // The links asked for (`fallback` when none), each once.
+  std::vector<std::string> link_names(const char* fallback) const {
+    std::vector<std::string> names;
+    for (const std::string& n : split(link.empty() ? std::vector<std::string>{fallback} : std::vector<std::string>{link})) {
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+    }
+    const bool replaced = h2d_gbps || d2h_gbps || fault_batch_us || fault_slowdown;
+    if (names.size() > 1 && replaced) {
+      throw UsageError{"--h2d-bandwidth, --d2h-bandwidth, --fault-batch-us and --fault-slowdown replace one link's figures: "
+                       "give one --link"};
+    }
+    return names;
+  }
+
+  // The model's parameters on link `name`, with every option given.
+  sim::SimParams params(const std::string& name) const {
     sim::SimParams p = sim::default_params();
-    auto l = sim::find_link(link);
-    if (!l) throw UsageError{fmt::format("unknown link '{}': expected pcie3, pcie4, pcie5, c2c or h200", link)};
+    auto l = sim::find_link(name);
+    if (!l) throw UsageError{fmt::format("unknown link '{}': expected pcie3, pcie4, pcie5, c2c or h200", name)};
     p.link = *l;
     p.fault_slowdown = l->fault_slowdown;
     override_link(p);
@@ -391,7 +409,7 @@ namespace {
 struct SweepPlan {
   std::vector<std::string> policies;
   std::vector<CapacitySpec> caps;
-  sim::SimParams base;
+  std::vector<sim::SimParams> links;  // the model's parameters on each link swept
   unsigned jobs = 1;
   bool progress = false;
   std::vector<sim::AllocatorView> views;
@@ -412,7 +430,7 @@ SweepPlan plan_sweep(const SimCommands::Options& o) {
   std::vector<std::string> cap_text = split(o.capacities);
   if (cap_text.empty()) cap_text = {"0.667", "0.5"};
   for (const std::string& c : cap_text) plan.caps.push_back(parse_capacity(c));
-  plan.base = o.params();
+  for (const std::string& name : o.link_names("pcie5,h200")) plan.links.push_back(o.params(name));
   if (!o.plot.empty() && !(o.plot.ends_with(".png") || o.plot.ends_with(".svg") || o.plot.ends_with(".pdf"))) {
     throw UsageError{fmt::format("--plot '{}': the file name must end in .png, .svg or .pdf", o.plot)};
   }
@@ -469,25 +487,26 @@ int compile_traces(const std::vector<std::string>& paths, const SweepPlan& plan,
   return 0;
 }
 
-// One simulation of the sweep: indices into the traces, views, capacities and policies.
+// One simulation of the sweep: indices into the traces, links, views, capacities and policies.
 struct Cell {
-  std::size_t trace, view, cap, policy;
+  std::size_t trace, link, view, cap, policy;
 };
 
 // Runs a sweep's cells on plan.jobs threads, the costliest first; the results keep the
-// table's order (traces, then capacities, views, policies).
+// table's order (traces, then links, capacities, views, policies).
 class CellRunner {
  public:
   CellRunner(const SweepPlan& plan, const SweepTraces& traces) : plan_(plan), traces_(traces) {
-    const std::size_t n = traces.truth.size(), caps = plan.caps.size(), views = plan.views.size();
+    const std::size_t n = traces.truth.size(), links = plan.links.size(), caps = plan.caps.size(), views = plan.views.size();
     for (std::size_t t = 0; t < n; ++t)
-      for (std::size_t c = 0; c < caps; ++c)
-        for (std::size_t v = 0; v < views; ++v)
-          for (std::size_t p = 0; p < plan.policies.size(); ++p) cells_.push_back({t, v, c, p});
-    bounds_ = std::vector<sim::LowerBound>(n * caps);
-    view_bounds_ = std::vector<sim::LowerBound>(n * caps * views);
-    bound_once_ = std::vector<std::once_flag>(n * caps);
-    view_once_ = std::vector<std::once_flag>(n * caps * views);
+      for (std::size_t l = 0; l < links; ++l)
+        for (std::size_t c = 0; c < caps; ++c)
+          for (std::size_t v = 0; v < views; ++v)
+            for (std::size_t p = 0; p < plan.policies.size(); ++p) cells_.push_back({t, l, v, c, p});
+    bounds_ = std::vector<sim::LowerBound>(n * links * caps);
+    view_bounds_ = std::vector<sim::LowerBound>(n * links * caps * views);
+    bound_once_ = std::vector<std::once_flag>(n * links * caps);
+    view_once_ = std::vector<std::once_flag>(n * links * caps * views);
     results_.resize(cells_.size());
   }
 
@@ -503,7 +522,7 @@ class CellRunner {
   const SweepPlan& plan_;
   const SweepTraces& traces_;
   std::vector<Cell> cells_;
-  // The bound of each (trace, capacity), shared by its policies: that of the `none` view (the
+  // The bound of each (trace, link, capacity), shared by its policies: that of the `none` view (the
   // true accesses), and under a view that places several tensors in one chunk the smaller of
   // it and the bound of that view's placement (sim::view_bound).
   std::vector<sim::LowerBound> bounds_, view_bounds_;
@@ -531,8 +550,8 @@ void CellRunner::run_one(std::size_t i) {
   const Cell& cell = cells_[i];
   const sim::CompiledTrace& truth = *traces_.truth[cell.trace];  // the `none` view: bound and capacity
   const sim::CompiledTrace& t = viewed(cell);
-  sim::SimParams p = plan_.base;
-  std::size_t key = cell.trace * plan_.caps.size() + cell.cap;
+  sim::SimParams p = plan_.links[cell.link];
+  std::size_t key = (cell.trace * plan_.links.size() + cell.link) * plan_.caps.size() + cell.cap;
   p.capacity_bytes = capacity_bytes(plan_.caps[cell.cap], truth);
   std::call_once(bound_once_[key], [&] { bounds_[key] = sim::lower_bound(truth, p); });
   const std::size_t vkey = key * plan_.views.size() + cell.view;
@@ -610,13 +629,17 @@ int run_sweep(SimCommands::Options& o) {
   CellRunner runner(plan, traces);
   const std::vector<sim::CellResult> results = runner.run();
   const std::vector<double> speedups = speedups_vs_demand(results);
-  std::cout << sim::describe_link(plan.base.link, plan.base.fault_slowdown);
+  std::string names;
+  for (const sim::SimParams& p : plan.links) {
+    std::cout << sim::describe_link(p.link, p.fault_slowdown);
+    names += (names.empty() ? "" : ", ") + p.link.name;
+  }
   print_table(std::cout, results, speedups);
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << fmt::format("{} simulations on {} ({:.1f} GB/s H2D) in {:.2f} s wall, {} jobs; xdemand = how many times faster than "
+  std::cout << fmt::format("{} simulations on {} in {:.2f} s wall, {} jobs; xdemand = how many times faster than "
                            "demand (plain unified memory), xbound = time / the two-direction lower bound (docs/simulator.md), "
                            "xunlim = time / compute (how many times slower than with unlimited GPU memory)\n",
-                           runner.cells(), plan.base.link.name, plan.base.link.h2d_bytes_per_s / 1e9, wall, plan.jobs);
+                           runner.cells(), names, wall, plan.jobs);
   print_best(std::cout, results, speedups);
   if (o.recommend) print_recommendations(std::cout, results);
   write_sweep_files(o, results, speedups);
@@ -627,7 +650,9 @@ int run_replay(SimCommands::Options& o) {
   std::string policy = o.replay_policy.empty() ? "demand" : o.replay_policy;
   check_policies({policy});
   CapacitySpec cap = parse_capacity(o.replay_capacity.empty() ? "0.5" : o.replay_capacity);
-  sim::SimParams p = o.params();
+  const std::vector<std::string> links = o.link_names("pcie5");
+  if (links.size() != 1) throw UsageError{"replay takes one --link"};
+  sim::SimParams p = o.params(links[0]);
   std::vector<sim::AllocatorView> views = parse_views(o.allocators);
   if (views.size() != 1) throw UsageError{"replay takes one --allocator view"};
   check_output_path("--timeline", o.timeline);

@@ -67,15 +67,15 @@ double slowdown_vs_unlimited(const sim::CellResult& row) { return ratio(row.sim.
 void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups) {
   std::size_t w = 5;
   for (const auto& r : rows) w = std::max(w, r.trace.size());
-  constexpr std::string_view kLine = "{:<{}}  {:>14}  {:<11}  {:<9}  {:>11}  {:>7}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n";
-  out << fmt::format(kLine, "trace", w, "capacity", "policy", "allocator", "time", "xdemand", "xbound", "xunlim", "H2D GB",
+  constexpr std::string_view kLine = "{:<{}}  {:>14}  {:<11}  {:<9}  {:<5}  {:>11}  {:>7}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n";
+  out << fmt::format(kLine, "trace", w, "capacity", "policy", "allocator", "link", "time", "xdemand", "xbound", "xunlim", "H2D GB",
                      "D2H GB", "faults", "pf acc");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const sim::CellResult& r = rows[i];
     std::string acc = r.sim.prefetch_bytes == 0 ? std::string("-")
                                                 : fmt::format("{:.1f}%", 100.0 * r.sim.prefetch_used_bytes / r.sim.prefetch_bytes);
     out << fmt::format(kLine, r.trace, w, fmt::format("{} ({:.3f})", format_bytes(r.capacity_bytes), r.capacity_frac), r.policy,
-                       r.allocator, seconds(r.sim.time_ns), ratio_text(speedups[i]), ratio_text(ratio(r.sim.time_ns, r.bound_ns)),
+                       r.allocator, r.link, seconds(r.sim.time_ns), ratio_text(speedups[i]), ratio_text(ratio(r.sim.time_ns, r.bound_ns)),
                        ratio_text(slowdown_vs_unlimited(r)), gbytes(r.sim.h2d_bytes), gbytes(r.sim.d2h_bytes), r.sim.faults, acc);
   }
 }

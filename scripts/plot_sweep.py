@@ -28,18 +28,20 @@ def main(argv):
         return 1
     series = defaultdict(lambda: defaultdict(list))  # trace -> policy -> [(frac, time / bound)]
     speedups = defaultdict(lambda: defaultdict(list))  # trace -> policy -> [(frac, x faster than demand)]
-    links = set()
     with open(src, newline="") as f:
-        for row in csv.DictReader(f):
-            ratio = int(row["time_ns"]) / max(1, int(row["bound_ns"]))
-            # One line per policy and allocator view (the view is named when it is not `none`).
-            view = row.get("allocator", "none")
-            label = row["policy"] if view == "none" else f'{row["policy"]} ({view})'
-            frac = float(row["capacity_frac"])
-            series[row["trace"]][label].append((frac, ratio))
-            if row.get("speedup_vs_demand"):
-                speedups[row["trace"]][label].append((frac, float(row["speedup_vs_demand"])))
-            links.add(row["link"])
+        table = list(csv.DictReader(f))
+    links = {row["link"] for row in table}
+    for row in table:
+        ratio = int(row["time_ns"]) / max(1, int(row["bound_ns"]))
+        # One line per policy, allocator view and link (the view is named when it is not
+        # `none`, the link when the sweep had several).
+        view = row.get("allocator", "none")
+        extra = ([view] if view != "none" else []) + ([row["link"]] if len(links) > 1 else [])
+        label = row["policy"] + (f' ({", ".join(extra)})' if extra else "")
+        frac = float(row["capacity_frac"])
+        series[row["trace"]][label].append((frac, ratio))
+        if row.get("speedup_vs_demand"):
+            speedups[row["trace"]][label].append((frac, float(row["speedup_vs_demand"])))
     if not series:
         print(f"plot_sweep.py: {src}: no rows", file=sys.stderr)
         return 1

@@ -11,11 +11,11 @@ namespace spillway::sim {
 
 namespace {
 
-constexpr const char* kG10FaultBatch = "G10 (MICRO'23) and UVMSmart: 45 us per far fault, charged per batch";
+constexpr const char* kG10FaultBatch = "G10, MICRO'23, and UVMSmart: 45 us per far fault, charged per batch";
 constexpr const char* kAssumedSlowdown =
-    "assumed: the RAPIDS and JAX maintainers' figure for demand paging against explicit prefetch (not measured here)";
+    "assumed: the RAPIDS and JAX maintainers' figure for demand paging against explicit prefetch; not measured here";
 constexpr const char* kNoCallShape =
-    "assumed: no per-call cost, a call costs its bytes / the bandwidth (the call shape was not measured on this link)";
+    "assumed: no per-call cost, a call costs its bytes / the bandwidth; the call shape was not measured on this link";
 
 // The H200's call shape: `spillway-linkbench --bytes 4 --matrix`, 4 GiB of managed memory
 // moved in back-to-back cuMemPrefetchAsync calls of each size on one stream, one run on
@@ -78,13 +78,13 @@ const std::vector<LinkProfile>& link_profiles() {
   static const std::vector<LinkProfile> profiles{
       // G10 (MICRO 2023) simulator configuration: PCIe 3.0 x16 at 15.754 GB/s and 45 us per
       // far fault (the UVMSmart figure). Kept identical for comparison with G10's results.
-      assumed("pcie3", 15.754e9, 15.754e9, "G10 (MICRO'23) simulator's PCIe 3.0 x16, kept for comparison with its results"),
+      assumed("pcie3", 15.754e9, 15.754e9, "G10's simulator, MICRO'23: PCIe 3.0 x16, kept for comparison with its results"),
       // PCIe 4.0 x16: 31.5 GB/s raw, ~25 GB/s achievable by cudaMemcpy/prefetch (docs/simulator.md, "Parameters").
-      assumed("pcie4", 25e9, 25e9, "assumed: PCIe 4.0 x16, ~25 GB/s achievable by a pinned copy (not measured for prefetch)"),
+      assumed("pcie4", 25e9, 25e9, "assumed: PCIe 4.0 x16, ~25 GB/s achievable by a pinned copy; not measured for prefetch"),
       // PCIe 5.0 x16: 63 GB/s raw, ~50 GB/s achievable (docs/simulator.md, "Parameters").
-      assumed("pcie5", 50e9, 50e9, "assumed: PCIe 5.0 x16, ~50 GB/s achievable by a pinned copy (not measured for prefetch)"),
+      assumed("pcie5", 50e9, 50e9, "assumed: PCIe 5.0 x16, ~50 GB/s achievable by a pinned copy; not measured for prefetch"),
       // Grace Hopper NVLink-C2C, measured ~375 GB/s H2D and ~297 GB/s D2H (docs/simulator.md, "Parameters").
-      assumed("c2c", 375e9, 297e9, "Grace Hopper NVLink-C2C copies, published measurements (not measured for prefetch)"),
+      assumed("c2c", 375e9, 297e9, "Grace Hopper NVLink-C2C copies, published measurements; not measured for prefetch"),
       // h200: measured on an NVIDIA H200 (driver 580.159.04, Firecracker VM) with
       // bench/workloads/linkbench.cu, 2026-11-29 (docs/gpu-results.md): cuMemPrefetchAsync
       // in 2 MiB pieces moved 14.30 GB/s host->GPU and 7.67 GB/s GPU->host (pinned memcpy:

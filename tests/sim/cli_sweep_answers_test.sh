@@ -2,8 +2,9 @@
 # `spillway sweep` answers "how much faster than plain unified memory, and which policy?":
 # the CSV's speedup_vs_demand is demand's time in the same cell over the row's time (1 for
 # demand itself), slowdown_vs_unlimited is time over compute, the table has the xdemand
-# column, and one "best on" line per trace names the fastest policy a program can run (never
-# the oracle) with its speed-up; without demand in the sweep the fields are empty.
+# column, and one "best on" line per trace and link (by default the assumed pcie5 and the
+# measured h200, each profile printed first) names the fastest policy a program can run
+# (never the oracle) with its speed-up; without demand in the sweep the fields are empty.
 #   cli_sweep_answers_test.sh SPILLWAY_CLI WORK_DIR SOURCE_DIR
 set -eu
 cli=$1 work=$2 src=$3
@@ -12,16 +13,20 @@ mkdir -p "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 "$cli" sweep "$trace" --capacity 0.667,0.5 --policy demand,sequential,learned,oracle --csv "$work/s.csv" > "$work/out.txt"
 grep -q '  xdemand  ' "$work/out.txt" || fail "no xdemand column: $(head -1 "$work/out.txt")"
-[ "$(grep -c '^best on ' "$work/out.txt")" -eq 1 ] || fail "not one best line: $(cat "$work/out.txt")"
-best=$(grep '^best on ' "$work/out.txt")
-case $best in
-  "best on BERT_Base-b256 (none, pcie5): at 0.667 "*"x faster than demand; at 0.500 "*"x faster than demand") ;;
-  *) fail "best line: $best" ;;
-esac
-case $best in *oracle*) fail "the oracle cannot be run by a program: $best" ;; esac
-/usr/bin/python3 - "$work/s.csv" "$best" <<'PY'
+for link in pcie5 h200; do
+  grep -q "^link $link: H2D " "$work/out.txt" || fail "no $link profile in the header: $(head -3 "$work/out.txt")"
+done
+[ "$(grep -c '^best on ' "$work/out.txt")" -eq 2 ] || fail "not one best line per link: $(cat "$work/out.txt")"
+for link in pcie5 h200; do
+  best=$(grep "^best on BERT_Base-b256 (none, $link): " "$work/out.txt") || fail "no best line on $link"
+  case $best in
+    "best on BERT_Base-b256 (none, $link): at 0.667 "*"x faster than demand; at 0.500 "*"x faster than demand") ;;
+    *) fail "best line: $best" ;;
+  esac
+  case $best in *oracle*) fail "the oracle cannot be run by a program: $best" ;; esac
+  /usr/bin/python3 - "$work/s.csv" "$best" "$link" <<'PY'
 import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1], newline="")))
+rows = [r for r in csv.DictReader(open(sys.argv[1], newline="")) if r["link"] == sys.argv[3]]
 assert len(rows) == 8, len(rows)
 demand = {r["capacity_bytes"]: int(r["time_ns"]) for r in rows if r["policy"] == "demand"}
 for r in rows:
@@ -38,13 +43,14 @@ for frac in ("0.6670", "0.5000"):
     text = f'at {float(frac):.3f} {fastest["policy"]}, {float(fastest["speedup_vs_demand"]):.2f}x faster than demand'
     assert text in sys.argv[2], (text, sys.argv[2])
 PY
-"$cli" sweep "$trace" --capacity 0.5 --policy learned --csv "$work/n.csv" > "$work/n.txt"
+done
+"$cli" sweep "$trace" --capacity 0.5 --policy learned --link pcie5 --csv "$work/n.csv" > "$work/n.txt"
 grep -q '^best on BERT_Base-b256 (none, pcie5): at 0.500 learned, demand not swept$' "$work/n.txt" ||
   fail "without demand: $(grep '^best' "$work/n.txt")"
 tail -1 "$work/n.csv" | grep -q ',,[0-9.]*$' || fail "speedup_vs_demand not empty without demand: $(tail -1 "$work/n.csv")"
 # --recommend: one line per trace naming the runnable policy fastest in most capacities, as
 # the sweep was given it,, and the replay command accepts that --policy value.
-"$cli" sweep "$trace" --capacity 0.667,0.5 --policy demand,sequential,learned,oracle --recommend --csv "$work/r.csv" > "$work/r.txt"
+"$cli" sweep "$trace" --capacity 0.667,0.5 --policy demand,sequential,learned,oracle --link pcie5 --recommend --csv "$work/r.csv" > "$work/r.txt"
 [ "$(grep -c '^recommended for ' "$work/r.txt")" -eq 1 ] || fail "not one recommendation: $(cat "$work/r.txt")"
 rec=$(grep '^recommended for ' "$work/r.txt")
 pick=$(/usr/bin/python3 - "$work/r.csv" "$rec" <<'PY'
