@@ -436,7 +436,18 @@ TEST(Report, JsonHasEveryFigure) {
   EXPECT_EQ(j["calls"]["h2d"]["bytes_p90"], 2u << 20) << "nearest rank: the 9th of 10";
   EXPECT_EQ(j["calls"]["d2h"]["calls"], 1);
   EXPECT_EQ(j["calls"]["d2h"]["bytes_median"], 4096);
+  // Asked against migrated: the driver's figure only where fault feedback counted it.
+  EXPECT_EQ(j["prefetch_reconciliation"]["asked_to_gpu"], 23);
+  EXPECT_TRUE(j["prefetch_reconciliation"]["driver_migrated_to_gpu"].is_null()) << j.dump();
+  EXPECT_EQ(j["prefetch_reconciliation"]["counted_by"], "not counted: fault feedback off");
+  s.fault_feedback = "on";
+  s.migrated_to_gpu_bytes = 7;
+  j = stats_json(s);
+  EXPECT_EQ(j["prefetch_reconciliation"]["driver_migrated_to_gpu"], 7);
+  EXPECT_NE(j["prefetch_reconciliation"]["counted_by"].get<std::string>().find("CUPTI"), std::string::npos);
+  EXPECT_NE(j["prefetch_reconciliation"]["why_they_differ"].get<std::string>().find("never written"), std::string::npos);
   std::string table = stats_table(s);
+  EXPECT_NE(table.find("23 B asked; the driver migrated 7 B (pages already resident"), std::string::npos) << table;
   EXPECT_NE(table.find("move calls"), std::string::npos) << table;
   EXPECT_NE(table.find("allocations redirected"), std::string::npos) << table;
   EXPECT_NE(table.find("11"), std::string::npos) << table;

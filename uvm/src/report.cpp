@@ -9,6 +9,20 @@
 
 namespace spillway {
 
+namespace {
+
+// Why what the Engine asked to prefetch and what the driver migrated differ: a prefetch of
+// pages already on the GPU, or of pages never written (populated where they are, no copy),
+// moves nothing that CUPTI counts (CUDA Runtime API, cudaMemPrefetchAsync: memory not yet
+// populated "will be populated and mapped on the destination device"); a fault migrates
+// bytes no prefetch asked for.
+constexpr const char* kWhyAskedAndMigratedDiffer = "pages already resident or never written move nothing; faults migrate too";
+
+// The driver's migrations were counted (fault feedback on: CUPTI's unified-memory records).
+bool migrations_counted(const Stats& s) { return !s.fault_feedback.starts_with("off"); }
+
+}  // namespace
+
 std::string describe_calls(const Stats& s) {
   auto one = [](const CallSizes& c) {
     return fmt::format("{} (median {}, p90 {})", c.calls(), format_bytes(c.quantile(0.5)), format_bytes(c.quantile(0.9)));
@@ -56,15 +70,11 @@ std::string stats_table(const Stats& s) {
   if (s.launches_other_device > 0) {
     row("launches on other devices", fmt::format("{} of {} (left to the driver)", s.launches_other_device, s.launches));
   }
-  // What the Engine asked to move and what the driver moved differ: a prefetch of pages
-  // already on the GPU, or of pages never written (populated where they are, no copy), moves
-  // nothing that CUPTI counts (CUDA Runtime API, cudaMemPrefetchAsync: memory not yet
-  // populated "will be populated and mapped on the destination device").
+  // What the Engine asked to move and what the driver moved (kWhyAskedAndMigratedDiffer).
   row("prefetched to GPU", s.migrated_to_gpu_bytes == 0
                                ? format_bytes(s.prefetch_to_gpu_bytes)
-                               : fmt::format("{} asked; the driver migrated {} (pages already resident or never "
-                                             "written move nothing; faults migrate too)",
-                                             format_bytes(s.prefetch_to_gpu_bytes), format_bytes(s.migrated_to_gpu_bytes)));
+                               : fmt::format("{} asked; the driver migrated {} ({})", format_bytes(s.prefetch_to_gpu_bytes),
+                                             format_bytes(s.migrated_to_gpu_bytes), kWhyAskedAndMigratedDiffer));
   row("evicted to host", format_bytes(s.evict_to_cpu_bytes));
   row("move calls", describe_calls(s));
   row("advise calls", fmt::format("{}", s.advise_calls));
@@ -152,6 +162,12 @@ nlohmann::json stats_json(const Stats& s) {
        {{"now", s.state_bytes},
         {"peak", s.state_peak_bytes},
         {"budget", s.state_budget_bytes}}},
+      {"prefetch_reconciliation",
+       {{"asked_to_gpu", s.prefetch_to_gpu_bytes},
+        {"driver_migrated_to_gpu", migrations_counted(s) ? nlohmann::json(s.migrated_to_gpu_bytes) : nlohmann::json()},
+        {"counted_by", migrations_counted(s) ? std::string("CUPTI unified-memory records (fault feedback)")
+                                             : "not counted: fault feedback " + s.fault_feedback},
+        {"why_they_differ", kWhyAskedAndMigratedDiffer}}},
       {"calls", {{"h2d", calls_json(s.h2d_calls)}, {"d2h", calls_json(s.d2h_calls)}}},
       {"launches", s.launches},
       {"launches_other_device", s.launches_other_device},
