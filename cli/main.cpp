@@ -2,6 +2,7 @@
 //   spillway run [options] -- CMD [ARGS...]   run CMD with libspillway.so preloaded
 //   spillway info [options] [--json] [--links] what Spillway would do on this machine
 //   spillway policies [--json] [NAME...]      the policies and their tunables
+//   spillway trace torch MODEL OUT [options]  record a trace of a PyTorch model (trace_torch.py)
 #include <algorithm>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include "spillway/output_file.h"
 #include "spillway/policy.h"
 #include "info_command.h"
+#include "trace_command.h"
 #include "parse_errors.h"
 #include "policies_command.h"
 #include "sim_commands.h"
@@ -239,6 +241,13 @@ int main(int argc, char** argv) {
   policies_cmd->add_option("names", policy_filter, "only these policies");
   policies_cmd->add_flag("--json", policies_json, "print one JSON object instead of the table");
 
+  CLI::App* trace_cmd = app.add_subcommand(
+      "trace", "Record a trace of a PyTorch model on the meta device (no GPU): spillway trace torch MODEL OUT.jsonl.gz "
+               "[options], MODEL a built-in model or MODULE:FACTORY (a function returning your torch.nn.Module); "
+               "spillway trace torch --help lists the options");
+  trace_cmd->prefix_command();  // (every word after `trace` goes to scripts/trace_torch.py)
+  trace_cmd->set_help_flag();
+
   int status = 0;
   try {
     app.parse(argc, argv);
@@ -246,6 +255,7 @@ int main(int argc, char** argv) {
     else if (run_cmd->parsed()) status = run(run_settings.settings(), command);
     else if (policies_cmd->parsed()) status = spillway::cli::policies_command(policy_filter, policies_json);
     else if (info_cmd->parsed()) status = spillway::cli::info_command(info_settings.settings(), find_shim(), info_json, info_links);
+    else if (trace_cmd->parsed()) status = spillway::cli::trace_command(trace_cmd->remaining());
   } catch (const CLI::ParseError& e) {
     if (std::string why = spillway::cli::explain_parse_error(app, e, std::vector<std::string>(argv + 1, argv + argc));
         !why.empty()) {

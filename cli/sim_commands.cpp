@@ -26,6 +26,7 @@
 #include "spillway/size.h"
 #include "spillway/trace.h"
 #include "policy_registry.h"
+#include "helper_scripts.h"
 #include "sweep_report.h"
 
 namespace spillway::cli {
@@ -92,33 +93,6 @@ CapacitySpec parse_capacity(const std::string& text) {
     return c;
   }
   throw UsageError{fmt::format("invalid capacity '{}': expected a fraction of the peak in (0, 10] (0.5), a percentage (50%) or a size (24GiB)", text)};
-}
-
-// scripts/plot_sweep.py: $SPILLWAY_PLOT_SCRIPT, next to the build tree or installed tree,
-// or the source tree this program was built from.
-std::string find_plot_script() {
-  if (const char* env = std::getenv("SPILLWAY_PLOT_SCRIPT"); env != nullptr && *env != '\0') return env;
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  std::vector<fs::path> candidates;
-  if (!ec) {
-    candidates.push_back(exe.parent_path() / ".." / "share" / "spillway" / "plot_sweep.py");
-    candidates.push_back(exe.parent_path() / ".." / ".." / "scripts" / "plot_sweep.py");
-  }
-  candidates.push_back(fs::path(SPILLWAY_SOURCE_DIR) / "scripts" / "plot_sweep.py");
-  for (const fs::path& p : candidates) {
-    if (fs::exists(p, ec)) return fs::weakly_canonical(p, ec).string();
-  }
-  return {};
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
-  }
-  return out + "'";
 }
 
 }  // namespace
@@ -592,14 +566,9 @@ std::vector<sim::CellResult> CellRunner::run() {
 // Plots the CSV at `csv` to o.plot with scripts/plot_sweep.py; removes `tmp_csv` (when not
 // empty) once the script has run.
 void plot_sweep(const SimCommands::Options& o, const std::string& csv, const std::string& tmp_csv) {
-  std::string script = find_plot_script();
+  std::string script = find_helper_script("plot_sweep.py", "SPILLWAY_PLOT_SCRIPT");
   if (script.empty()) throw std::runtime_error("cannot find scripts/plot_sweep.py (set SPILLWAY_PLOT_SCRIPT)");
-  // Debian's python3-matplotlib lives with /usr/bin/python3 (a pyenv or venv python3 on
-  // PATH may lack it); $SPILLWAY_PYTHON overrides (the wheel's `spillway` sets it to the
-  // interpreter it is installed in: python/spillway/__main__.py).
-  std::string python = "python3";
-  if (const char* env = std::getenv("SPILLWAY_PYTHON"); env != nullptr && *env != '\0') python = env;
-  else if (std::error_code ec; fs::exists("/usr/bin/python3", ec)) python = "/usr/bin/python3";
+  const std::string python = helper_python();
   std::string cmd = fmt::format("{} {} {} {}", shell_quote(python), shell_quote(script), shell_quote(csv), shell_quote(o.plot));
   int rc = std::system(cmd.c_str());
   if (!tmp_csv.empty()) fs::remove(tmp_csv);

@@ -31,7 +31,21 @@ shapes from the recorder itself.
     scripts/trace_torch.py gnn-train      OUT.jsonl.gz [--size products|papers100m --batch 1024 --steps 60|12]
     scripts/trace_torch.py dlrm-train     OUT.jsonl.gz [--size kaggle|terabyte --batch 2048 --steps 32|16]
 
-Needs Debian's python3-torch and python3-torchvision (scripts/bootstrap-traces).
+Your own model: MODULE:FACTORY names a function (imported from MODULE, found on sys.path and
+in the current folder) that returns a torch.nn.Module; each --input-shape is one positional
+input of its forward() (comma-separated dimensions, --input-dtype for all of them):
+
+    scripts/trace_torch.py mymodels:make_net OUT.jsonl.gz --input-shape 64,3,224,224 [--iters 3]
+        [--mode train|infer] [--optimizer adamw|sgd] [--input-dtype float32|bfloat16|float16|long]
+
+Training takes the mean of the output as its loss (the backward pass and the optimizer step
+are what matter for memory, not the loss). The factory runs under torch.device("meta")
+where this torch has it (2.0 or later), so parameters take no memory; with an older torch it
+runs on the CPU and the module is then moved to the meta device. `spillway trace torch ...`
+runs this script.
+
+Needs PyTorch: Debian's python3-torch and python3-torchvision (scripts/bootstrap-traces) for
+/usr/bin/python3, or `pip install torch` (the CPU build is enough) for another interpreter.
 """
 import argparse
 import gzip
@@ -40,15 +54,23 @@ import collections
 import itertools
 import json
 import math
+import importlib
+import os
 import random
 import sys
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+except ImportError as e:
+    sys.stderr.write(f"trace_torch.py: PyTorch is not installed for {sys.executable} ({e}): pip install torch (the CPU "
+                     "build is enough: models run on the meta device), or apt-get install python3-torch for "
+                     "/usr/bin/python3 (scripts/bootstrap-traces); spillway trace runs $SPILLWAY_PYTHON if set\n")
+    sys.exit(2)
 
 META = torch.device("meta")
 
@@ -813,7 +835,7 @@ def bert_finetune(rec, args):
     logits; `--seq` tokens a sequence (the paper's GLUE runs: 128; up to 512)."""
     layers, d, heads, mlp, vocab = BERT_SIZES[args.size]
     if args.seq > 512:
-        raise SystemExit(f"trace_torch.py: --seq {args.seq}: BERT has 512 positions")
+        die(f"--seq {args.seq}: BERT has 512 positions")
     model = Bert(layers, d, heads, mlp, vocab)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=2e-5, weight_decay=0.01, foreach=False)
@@ -1369,6 +1391,91 @@ def dlrm_train(rec, args):
     return tables, accum, bottom, top, opt, pairs
 
 
+def die(message):
+    """A bad command line or model: one line, status 2."""
+    sys.stderr.write(f"trace_torch.py: {message}\n")
+    sys.exit(2)
+
+
+INPUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "long": torch.long}
+
+
+def load_factory(spec):
+    """MODULE:FACTORY -> the function; the current folder is searched first, as `python -m` does."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        die(f"'{spec}' is not MODULE:FACTORY (a built-in model, or a function that returns "
+                         "a torch.nn.Module)")
+    sys.path.insert(0, os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        die(f"cannot load {spec}: {e}")
+    if not callable(fn):
+        die(f"{spec} is not a function")
+    return fn
+
+
+def build_on_meta(factory):
+    """The factory's module, its parameters on the meta device."""
+    if hasattr(torch.device, "__enter__"):  # torch >= 2.0: factories make meta tensors directly
+        with torch.device("meta"):
+            model = factory()
+    else:
+        model = factory()
+    if not isinstance(model, nn.Module):
+        die(f"{factory.__module__}.{factory.__name__}() returned "
+                         f"{type(model).__name__}, not a torch.nn.Module")
+    return model.to(META)
+
+
+def make_optimizer(model, name):
+    """One tensor per kernel (foreach=False), as the built-in models record."""
+    if name == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    return torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, foreach=False)
+
+
+def module_trace(rec, args):
+    """Your own model (MODULE:FACTORY): --iters training steps (mean of the output as the loss,
+    the optimizer's step) or forward passes without gradients."""
+    model = build_on_meta(load_factory(args.model))
+    if not args.input_shape:
+        die("--input-shape is required for MODULE:FACTORY (one per input of forward())")
+    inputs = [torch.empty(shape, dtype=INPUT_DTYPES[args.input_dtype], device=META) for shape in args.input_shape]
+    train = args.mode == "train"
+    opt = make_optimizer(model, args.optimizer) if train else None
+    with torch.set_grad_enabled(train), rec:
+        rec.mark("weight", model.parameters())
+        for it in range(args.iters):
+            rec.iteration(it)
+            out = model(*inputs)
+            if train:
+                loss = (out[0] if isinstance(out, (tuple, list)) else out).float().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del loss
+            del out
+        if opt is not None:
+            for st in opt.state.values():
+                rec.mark("optimizer", [v for v in st.values() if isinstance(v, torch.Tensor)])
+    args.batch = args.input_shape[0][0] if args.input_shape[0] else None
+    args.header_extra = {"factory": args.model, "mode": args.mode, "input_shapes": args.input_shape,
+                         "input_dtype": args.input_dtype, "optimizer": args.optimizer if train else None}
+    return model, opt, inputs
+
+
+def shape_arg(text):
+    try:
+        dims = [int(d) for d in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of whole dimensions such as 8,3,224,224")
+    if not dims or any(d <= 0 for d in dims):
+        raise argparse.ArgumentTypeError(f"'{text}': every dimension must be positive")
+    return dims
+
+
 # name -> (function, what it records, sizes {size: shape tuple} or None, default size, default batch).
 # A model with sizes reads its shape from its sizes table by args.size (`--size`, checked in main).
 MODELS = {
@@ -1400,9 +1507,10 @@ MODELS = {
 }
 
 
-def main(argv):
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("model", choices=sorted(MODELS))
+    p.add_argument("model", help="a built-in model (" + ", ".join(sorted(MODELS)) + ") or MODULE:FACTORY, a function "
+                   "that returns your torch.nn.Module")
     p.add_argument("out")
     p.add_argument("--batch", type=int)
     p.add_argument("--seq", type=int, help="tokens a sequence [1024; bert-finetune: 128]")
@@ -1416,7 +1524,24 @@ def main(argv):
     p.add_argument("--tflops-half", type=float, default=989.0, help="dense BF16/FP16 TFLOP/s [H200: 989]")
     p.add_argument("--bandwidth-tbs", type=float, default=4.8, help="memory bandwidth, TB/s [H200: 4.8]")
     p.add_argument("--floor-us", type=float, default=4.0, help="minimum kernel time, us [4]")
+    own = p.add_argument_group("MODULE:FACTORY (your own model)")
+    own.add_argument("--input-shape", type=shape_arg, action="append", default=[],
+                     help="one positional input of forward(), e.g. 8,3,224,224 (repeat for more inputs)")
+    own.add_argument("--input-dtype", choices=sorted(INPUT_DTYPES), default="float32", help="[float32]")
+    own.add_argument("--mode", choices=["train", "infer"], default="train", help="[train]")
+    own.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw", help="in training [adamw]")
     a = p.parse_args(argv[1:])
+    if ":" not in a.model and a.model not in MODELS:
+        p.error(f"unknown model '{a.model}' (accepted: {', '.join(sorted(MODELS))}, or MODULE:FACTORY)")
+    if ":" not in a.model and a.input_shape:
+        p.error(f"--input-shape is for MODULE:FACTORY; {a.model} has its own inputs")
+    return p, a
+
+
+def main(argv):
+    p, a = parse_args(argv)
+    if ":" in a.model:
+        return record(a, module_trace, f"your own torch.nn.Module, {a.mode}", None)
     fn, what, sizes, default_size, default_batch = MODELS[a.model]
     if sizes is None and a.size is not None:
         p.error(f"--size: {a.model} has one size")
@@ -1428,15 +1553,21 @@ def main(argv):
         a.batch = default_batch
     if a.seq is None:
         a.seq = 128 if a.model == "bert-finetune" else 1024
+    return record(a, fn, what, sizes)
+
+
+def record(a, fn, what, sizes):
+    """Runs model function `fn` under the recorder and writes the trace to a.out."""
     roof = Roofline(a.tflops_fp32 * 1e12, a.tflops_half * 1e12, a.bandwidth_tbs * 1e12, a.floor_us * 1e3)
     rec = Recorder(roof)
     keep = fn(rec, a)
+    own = ":" in a.model
     header = {
         "format": "spillway-trace", "version": 1,
         "source": f"scripts/trace_torch.py {a.model}: {what}; torch {torch.__version__} on the meta device",
-        "model": a.model if sizes is None else f"{a.model}-{a.size}", "batch": a.batch, "seq": a.seq,
-        "iterations": a.iters if "train" in a.model or "finetune" in a.model else None,
-        "decode_steps": a.decode if "infer" in a.model else None,
+        "model": a.model if sizes is None else f"{a.model}-{a.size}", "batch": a.batch, "seq": None if own else a.seq,
+        "iterations": a.iters if own or "train" in a.model or "finetune" in a.model else None,
+        "decode_steps": a.decode if "infer" in a.model and not own else None,
         "roofline": {"tflops_fp32": a.tflops_fp32, "tflops_half": a.tflops_half, "bandwidth_tb_s": a.bandwidth_tbs,
                      "floor_us": a.floor_us, "figures": "NVIDIA H200 SXM datasheet (dense)"},
     }
