@@ -23,7 +23,7 @@ def main(argv):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"plot_sweep.py: matplotlib is not installed for {sys.executable} (pip install 'spillway[plot]', "
+        print(f"plot_sweep.py: matplotlib is not installed for {sys.executable} (pip install 'spillway-cuda[plot]', "
               "or apt-get install python3-matplotlib for /usr/bin/python3)", file=sys.stderr)
         return 1
     series = defaultdict(lambda: defaultdict(list))  # trace -> policy -> [(frac, time / bound)]
