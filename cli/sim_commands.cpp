@@ -105,7 +105,7 @@ struct SimCommands::Options {
   std::vector<std::string> capacities;
   std::vector<std::string> allocators;
   std::string link;  // comma-separated; empty: sweep pcie5,h200, replay pcie5
-  std::string csv, plot, timeline;
+  std::string csv, plot, timeline, calls;
   bool breakdown = false;
   int jobs = 0;
   bool quiet = false;
@@ -264,6 +264,9 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.replay->add_option("--capacity", o.replay_capacity, "GPU capacity: fraction of the peak, percentage or size [0.5]");
   o.replay->add_option("--allocator", o.allocators, "allocator view: none, pytorch, spillway or pytorch-exact [none]");
   o.replay->add_option("--timeline", o.timeline, "write a Chrome/Perfetto trace-event timeline (JSON) to FILE");
+  o.replay->add_option("--calls", o.calls,
+                       "write the Engine's move calls to FILE, one JSON object a line, for spillway-linkbench --schedule "
+                       "(replays them on a GPU against the call costs charged here)");
   o.replay->add_flag("--breakdown", o.breakdown,
                      "print the time by what was busy (compute alone, H2D alone, D2H alone, overlaps); keeps the timeline in memory");
   o.add_model_options(o.replay);
@@ -615,6 +618,21 @@ int run_sweep(SimCommands::Options& o) {
   return 0;
 }
 
+// The move calls as JSON lines (bench/workloads/linkbench.cu --schedule reads them, in this
+// key order): direction, offset from the arena and bytes of the range, chunks copied, issue
+// time, the copy time charged, and what the same chunks cost as 2 MiB calls (`flat_ns`).
+void write_calls(const std::string& path, const std::vector<sim::MoveCall>& calls, const sim::LinkProfile& link) {
+  OutputFile out(path);
+  for (const sim::MoveCall& c : calls) {
+    const auto flat = static_cast<std::uint64_t>(std::ceil(sim::call_ns(link, c.to, kChunkBytes))) * c.copied_chunks;
+    out.write(fmt::format("{{\"to\": \"{}\", \"offset\": {}, \"bytes\": {}, \"copied_chunks\": {}, \"issue_ns\": {}, "
+                          "\"charged_ns\": {}, \"flat_ns\": {}}}\n",
+                          c.to == Location::gpu ? "gpu" : "cpu", c.offset, c.bytes, c.copied_chunks, c.issue_ns, c.charged_ns,
+                          flat));
+  }
+  out.close();
+}
+
 int run_replay(SimCommands::Options& o) {
   std::string policy = o.replay_policy.empty() ? "demand" : o.replay_policy;
   check_policies({policy});
@@ -625,13 +643,14 @@ int run_replay(SimCommands::Options& o) {
   std::vector<sim::AllocatorView> views = parse_views(o.allocators);
   if (views.size() != 1) throw UsageError{"replay takes one --allocator view"};
   check_output_path("--timeline", o.timeline);
+  check_output_path("--calls", o.calls);
   sim::CompiledTrace truth = sim::compile_file(o.replay_trace);
   sim::CompiledTrace viewed = views[0] == sim::AllocatorView::none ? sim::CompiledTrace{} : sim::compile_file(o.replay_trace, views[0]);
   const sim::CompiledTrace& t = views[0] == sim::AllocatorView::none ? truth : viewed;
   p.capacity_bytes = capacity_bytes(cap, truth);
   const sim::LowerBound bound = sim::view_bound(sim::lower_bound(truth, p), t, p);
   std::vector<sim::Span> spans;  // (kept only when asked for: they grow with the trace)
-  const bool keep_spans = !o.timeline.empty() || o.breakdown;
+  const bool keep_spans = !o.timeline.empty() || o.breakdown || !o.calls.empty();
   sim::CellResult r = sim::run_cell(t, policy, p, keep_spans ? &spans : nullptr, &bound);
   std::cout << sim::describe_link(p.link, p.fault_slowdown);
   print_table(std::cout, {r}, {0.0});
@@ -646,6 +665,10 @@ int run_replay(SimCommands::Options& o) {
       r.min_fetch.chunks, gbytes(r.min_fetch.bytes));
   std::cout << describe_calls(r.engine) << "\n";
   if (o.breakdown) std::cout << "time by what was busy: " << sim::describe(sim::breakdown(spans)) << "\n";
+  if (!o.calls.empty()) {
+    write_calls(o.calls, r.calls, p.link);
+    std::cout << "calls: " << o.calls << " (" << r.calls.size() << " move calls)\n";
+  }
   if (!o.timeline.empty()) {
     sim::write_timeline(o.timeline, t, r, spans);
     std::cout << "timeline: " << o.timeline << " (" << spans.size() << " spans; open in ui.perfetto.dev)\n";

@@ -6,7 +6,8 @@
 namespace spillway::sim {
 
 SimBackend::SimBackend(const CompiledTrace& trace, const SimParams& params, bool record_spans)
-    : trace_(trace), params_(params), record_spans_(record_spans) {
+    : trace_(trace), params_(params) {
+  rec_.on = record_spans;
   capacity_chunks_ = params.capacity_bytes / kChunkBytes;
   fault_bw_ = params.link.h2d_bytes_per_s / std::max(1.0, params.fault_slowdown);
   const std::uint64_t pages = std::max<std::uint64_t>(1, kChunkBytes / std::max<std::uint64_t>(1, params.fault_granularity_bytes));
@@ -115,7 +116,7 @@ std::uint64_t SimBackend::write_back(std::uint32_t c, std::uint64_t not_before, 
   std::uint64_t done = start + copy;
   clock_.d2h = done;
   stats_.d2h_bytes += kChunkBytes;
-  if (record_spans_) spans_.push_back({Span::d2h, 0, start, done - start});
+  if (rec_.on) rec_.spans.push_back({Span::d2h, 0, start, done - start});
   return done;
 }
 
@@ -182,7 +183,7 @@ void SimBackend::prefetch_in(std::uint32_t c, std::uint64_t now, std::uint64_t c
   clock_.h2d = done;
   stats_.h2d_bytes += kChunkBytes;
   stats_.prefetch_bytes += kChunkBytes;
-  if (record_spans_) spans_.push_back({Span::h2d, 0, start, done - start});
+  if (rec_.on) rec_.spans.push_back({Span::h2d, 0, start, done - start});
   make_resident(c, done);
   chunks_.flags[c] |= unused_prefetch;
 }
@@ -201,7 +202,9 @@ Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to
   if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
   std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
   if (last >= chunks_.live_count.size()) return Result{Status::invalid_value, 0};
-  const std::uint64_t copy = call_chunk_ns(to, chunks_to_copy(first, last, to));
+  const std::uint64_t copied = chunks_to_copy(first, last, to);
+  const std::uint64_t copy = call_chunk_ns(to, copied);
+  if (rec_.on) rec_.calls.push_back({to, addr - kArenaBase, bytes, copied, clock_.compute, copied * copy});
   for (std::uint64_t c = first; c <= last; ++c) {
     if (to == Location::gpu) prefetch_in(static_cast<std::uint32_t>(c), clock_.compute, copy);
     else evict(static_cast<std::uint32_t>(c), clock_.compute, copy);
@@ -353,7 +356,7 @@ std::uint64_t SimBackend::service_faults(KernelTraffic& traffic) {
     faults_.in_bytes += fault_copy;
   }
   stats_.fault_stall_ns += t - traffic.ready;
-  if (record_spans_ && t > traffic.ready) spans_.push_back({Span::fault, 0, traffic.ready, t - traffic.ready});
+  if (rec_.on && t > traffic.ready) rec_.spans.push_back({Span::fault, 0, traffic.ready, t - traffic.ready});
   return t;
 }
 
@@ -381,7 +384,7 @@ std::uint64_t SimBackend::copy_remote(std::uint64_t t, const KernelTraffic& traf
 void SimBackend::finish_kernel(const KernelRecord& k, std::uint64_t t, std::uint64_t remote_done) {
   const ChunkTouch* touches = trace_.touches.data();
   std::uint64_t end = remote_done + k.dur_ns;
-  if (record_spans_) spans_.push_back({Span::compute, k.name, t, end - t});
+  if (rec_.on) rec_.spans.push_back({Span::compute, k.name, t, end - t});
   for (std::uint32_t j = k.touch_begin; j < k.touch_end; ++j) {
     if (touches[j].write) chunks_.flags[touches[j].chunk] |= dirty;
   }

@@ -179,7 +179,10 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   // (What the walk has passed goes from memory: it stays in the trace's spill files.)
   for_each_op(trace, [&](const Op& op) { player.play(op); });
   CellResult r = cell_result(trace, policy_name, params, backend, engine, bound_given);
-  if (spans != nullptr) *spans = backend.take_spans();
+  if (spans != nullptr) {
+    *spans = backend.take_spans();
+    r.calls = backend.take_calls();
+  }
   return r;
 }
 

@@ -10,12 +10,20 @@
 //                 2 MiB pieces handed over in cudaMemPrefetchBatchAsync calls of 16 and 256
 //                 ranges (CUDA 13), contiguous and every other chunk. The simulator's link
 //                 model takes its per-call costs from these points (docs/simulator.md).
+//   linkbench --bytes N --schedule FILE [--max-gib-moved M]
+//                 replays the move calls `spillway replay --calls FILE` wrote (move_schedule.h)
+//                 over N GiB of fresh managed memory, back to back on one stream: as the Engine
+//                 issued them, then each as 2 MiB pieces; one JSON object with the time of each
+//                 beside what the simulator charged (charged_ns, flat_ns). Calls past N GiB,
+//                 and those after M GiB of copied chunks (default 64), are skipped.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "move_schedule.h"
 
 #define CHECK(call)                                                                 \
   do {                                                                              \
@@ -111,16 +119,63 @@ static int matrix(unsigned char* p, size_t bytes, cudaStream_t s, cudaEvent_t e0
   return 0;
 }
 
+// One pass of the schedule over fresh managed memory (never touched: the simulator's fresh
+// chunks): each call whole, or as 2 MiB pieces. Returns the milliseconds of the pass.
+static double replay_pass(const move_schedule::Schedule& sched, size_t bytes, bool pieces, cudaStream_t s, cudaEvent_t e0,
+                          cudaEvent_t e1, int dev) {
+  unsigned char* p;
+  CHECK(cudaMallocManaged(&p, bytes));
+  const cudaMemLocation gpu{cudaMemLocationTypeDevice, dev}, host{cudaMemLocationTypeHost, 0};
+  CHECK(cudaEventRecord(e0, s));
+  for (const move_schedule::Call& c : sched.calls) {
+    if (!pieces) {
+      CHECK(cudaMemPrefetchAsync(p + c.offset, c.bytes, c.to_gpu ? gpu : host, 0, s));
+      continue;
+    }
+    for (auto [off, n] : move_schedule::chunk_pieces(c)) CHECK(cudaMemPrefetchAsync(p + off, n, c.to_gpu ? gpu : host, 0, s));
+  }
+  CHECK(cudaEventRecord(e1, s));
+  CHECK(cudaEventSynchronize(e1));
+  const double ms = elapsed_ms(e0, e1);
+  CHECK(cudaFree(p));
+  return ms;
+}
+
+static int schedule(const char* path, size_t bytes, size_t max_moved, cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1,
+                    int dev) {
+  const move_schedule::Schedule sched = move_schedule::read(path, bytes, max_moved);
+  if (!sched.error.empty()) {
+    std::fprintf(stderr, "linkbench: %s\n", sched.error.c_str());
+    return 2;
+  }
+  const double whole = replay_pass(sched, bytes, false, s, e0, e1, dev);
+  const double pieces = replay_pass(sched, bytes, true, s, e0, e1, dev);
+  std::printf(", \"schedule\": \"%s\", \"calls\": %zu, \"skipped_calls\": %llu, \"h2d_calls\": %llu, "
+              "\"d2h_calls\": %llu, \"copied_GiB\": %.2f, \"as_issued_ms\": %.1f, \"as_issued_charged_ms\": %.1f, "
+              "\"as_2MiB_pieces_ms\": %.1f, \"as_2MiB_pieces_charged_ms\": %.1f, \"measured_gain\": %.3f, "
+              "\"charged_gain\": %.3f}\n",
+              path, sched.calls.size(), (unsigned long long)sched.skipped, (unsigned long long)sched.h2d_calls,
+              (unsigned long long)sched.d2h_calls, sched.copied_bytes / double(1ull << 30), whole, sched.charged_ns / 1e6,
+              pieces, sched.flat_ns / 1e6, pieces / whole, sched.charged_ns ? double(sched.flat_ns) / sched.charged_ns : 0.0);
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  size_t bytes = 4ull << 30;
+  size_t bytes = 4ull << 30, max_moved = 64ull << 30;
   bool call_matrix = false;
+  const char* schedule_path = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--bytes") && i + 1 < argc) {
       bytes = std::strtoull(argv[++i], nullptr, 10) << 30;
     } else if (!std::strcmp(argv[i], "--matrix")) {
       call_matrix = true;
+    } else if (!std::strcmp(argv[i], "--schedule") && i + 1 < argc) {
+      schedule_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--max-gib-moved") && i + 1 < argc) {
+      max_moved = std::strtoull(argv[++i], nullptr, 10) << 30;
     } else {
-      std::fprintf(stderr, "linkbench: unknown argument '%s' (accepted: --bytes GiB, --matrix)\n", argv[i]);
+      std::fprintf(stderr, "linkbench: unknown argument '%s' (accepted: --bytes GiB, --matrix, --schedule FILE, "
+                   "--max-gib-moved GiB)\n", argv[i]);
       return 2;
     }
   }
@@ -132,18 +187,19 @@ int main(int argc, char** argv) {
   CHECK(cudaSetDevice(dev));
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, dev));
-  unsigned char* p;
-  unsigned* sink;
-  CHECK(cudaMallocManaged(&p, bytes));
-  CHECK(cudaMalloc(&sink, 4));
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
+  std::printf("{\"device\": \"%s\", \"bytes\": %zu", prop.name, bytes);
+  if (schedule_path != nullptr) return schedule(schedule_path, bytes, max_moved, s, e0, e1, dev);
+  unsigned char* p;
+  unsigned* sink;
+  CHECK(cudaMallocManaged(&p, bytes));
+  CHECK(cudaMalloc(&sink, 4));
   const cudaMemLocation gpu{cudaMemLocationTypeDevice, dev}, host{cudaMemLocationTypeHost, 0};
   double gb = bytes / 1e9;
-  std::printf("{\"device\": \"%s\", \"bytes\": %zu", prop.name, bytes);
   if (call_matrix) return matrix(p, bytes, s, e0, e1, dev);
 
   for (size_t piece : {size_t(2) << 20, size_t(64) << 10}) {

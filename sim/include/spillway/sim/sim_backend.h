@@ -59,9 +59,21 @@ struct Span {
   std::uint64_t dur_ns;
 };
 
+// One move call of the Engine (Backend::prefetch) as the simulator charged it; recorded with
+// the timeline (`spillway replay --calls`).
+struct MoveCall {
+  Location to;
+  std::uint64_t offset;         // of the call's range from the trace's arena base, bytes
+  std::uint64_t bytes;          // the call's range, bytes
+  std::uint64_t copied_chunks;  // chunks it copied (the others were already there, or fresh)
+  std::uint64_t issue_ns;       // simulated time it was issued
+  std::uint64_t charged_ns;     // copy-engine time charged to it: copied_chunks equal shares
+};
+
 class SimBackend final : public Backend {
  public:
-  // `trace` must outlive the backend. With `record_spans`, keeps a timeline (spans()).
+  // `trace` must outlive the backend. With `record_spans`, keeps a timeline (spans()) and the
+  // Engine's move calls (calls()).
   SimBackend(const CompiledTrace& trace, const SimParams& params, bool record_spans = false);
 
   // --- Backend ---
@@ -105,8 +117,9 @@ class SimBackend final : public Backend {
   // previous kernel (the host keeps up with the GPU; policies provide the run-ahead).
   std::uint64_t now() const { return clock_.compute; }
   const SimStats& stats();
-  const std::vector<Span>& spans() const { return spans_; }
-  std::vector<Span> take_spans() { return std::move(spans_); }  // (leaves none)
+  const std::vector<Span>& spans() const { return rec_.spans; }
+  std::vector<Span> take_spans() { return std::move(rec_.spans); }  // (leaves none)
+  std::vector<MoveCall> take_calls() { return std::move(rec_.calls); }  // (leaves none)
   std::uint64_t capacity_chunks() const { return capacity_chunks_; }
 
  private:
@@ -146,7 +159,6 @@ class SimBackend final : public Backend {
 
   const CompiledTrace& trace_;
   SimParams params_;
-  bool record_spans_;
   std::uint64_t capacity_chunks_;
   double fault_bw_;
   std::uint32_t density_pages_;  // faults per chunk before the density prefetcher takes the rest
@@ -175,7 +187,13 @@ class SimBackend final : public Backend {
   };
   Clocks clock_;
   SimStats stats_;
-  std::vector<Span> spans_;
+  // The timeline and the move calls, kept only when asked for (they grow with the trace).
+  struct Recording {
+    bool on = false;
+    std::vector<Span> spans;
+    std::vector<MoveCall> calls;
+  };
+  Recording rec_;
   std::vector<std::uint32_t> missing_;
   std::uint64_t launch_seq_ = 0;
   // The GPU page faults of the run, as the driver would report them (take_faults).

@@ -51,6 +51,7 @@ struct CellResult {
   MinFetch min_fetch;         // MIN_H2D: misses and their bytes
   SimStats sim;
   Stats engine;
+  std::vector<MoveCall> calls;  // the Engine's move calls, when run_cell kept a timeline
 };
 
 // The oracle's view of `trace` (every launch's chunks with next uses) at `capacity_chunks`.
@@ -58,7 +59,8 @@ spillway::OracleFuture make_future(const CompiledTrace& trace, std::uint64_t cap
 
 // Runs `policy` (a spec: any of sim_policy_names(), with tunables as
 // NAME:KEY=VALUE,...; prefetch/policy_registry.h) over `trace` at params.capacity_bytes.
-// Deterministic. With `spans`, records the timeline there. `bound`, when given, is
+// Deterministic. With `spans`, records the timeline there (and the Engine's move calls in
+// CellResult::calls). `bound`, when given, is
 // lower_bound() of this trace's `none` view at these parameters, computed earlier (the sweep
 // shares it among policies); otherwise it is computed on `trace`.
 // Throws std::invalid_argument for an invalid spec (the one-line message of parse_policy_spec). Thread-safe for distinct calls (the
