@@ -130,7 +130,7 @@ struct SimCommands::Options {
     cmd->add_option("--call-shape", call_shape,
                     "on or off: a move call of several chunks runs at the rate the link's measured call shape gives its "
                     "length (h200; the other profiles have none), or every chunk as a 2 MiB call [on]");
-    cmd->add_option("--fault-batch-us", fault_batch_us, "cost of one fault batch, us [45: G10/UVMSmart]");
+    cmd->add_option("--fault-batch-us", fault_batch_us, "cost of one fault batch, us [the link's: 45, G10/UVMSmart; h200 13.8, measured]");
     cmd->add_option("--fault-batch-size", fault_batch_size, "faults per batch [256: uvm_perf_fault_batch_count]");
     cmd->add_option("--fault-granularity", fault_granularity, "fault granularity [64KiB: UVM big page]");
     cmd->add_option("--fault-slowdown", fault_slowdown, "fault-driven migration is this many times slower than a prefetch [the link's: 10; h200 1.47, measured]");
@@ -406,7 +406,15 @@ SweepPlan plan_sweep(const SimCommands::Options& o) {
   check_policies(plan.policies);
   std::vector<std::string> cap_text = split(o.capacities);
   if (cap_text.empty()) cap_text = {"0.667", "0.5"};
-  for (const std::string& c : cap_text) plan.caps.push_back(parse_capacity(c));
+  for (const std::string& c : cap_text) {
+    plan.caps.push_back(parse_capacity(c));
+    if (plan.caps.back().bytes == 0 && plan.caps.back().fraction >= 1.0) {
+      const bool bare = c.find_first_not_of("0123456789.") == std::string::npos;
+      std::cerr << fmt::format("spillway sweep: warning: --capacity {} is {}x the trace's peak footprint: nothing is "
+                               "oversubscribed{}\n", c, plan.caps.back().fraction,
+                               bare ? fmt::format(" (a size takes a unit: {}GiB)", c) : "");
+    }
+  }
   for (const std::string& name : o.link_names("pcie5,h200")) plan.links.push_back(o.params(name));
   if (!o.plot.empty() && !(o.plot.ends_with(".png") || o.plot.ends_with(".svg") || o.plot.ends_with(".pdf"))) {
     throw UsageError{fmt::format("--plot '{}': the file name must end in .png, .svg or .pdf", o.plot)};
@@ -575,7 +583,9 @@ void plot_sweep(const SimCommands::Options& o, const std::string& csv, const std
   std::string cmd = fmt::format("{} {} {} {}", shell_quote(python), shell_quote(script), shell_quote(csv), shell_quote(o.plot));
   int rc = std::system(cmd.c_str());
   if (!tmp_csv.empty()) fs::remove(tmp_csv);
-  if (rc != 0) throw std::runtime_error(fmt::format("plotting failed ({}): is matplotlib installed for {}?", cmd, python));
+  if (rc != 0) {  // (the script said why on stderr; the table and the CSV are written)
+    throw std::runtime_error(fmt::format("--plot {}: {} {} failed (its message is above)", o.plot, python, script));
+  }
   std::cout << "plot: " << o.plot << '\n';
 }
 
@@ -604,13 +614,15 @@ int run_sweep(SimCommands::Options& o) {
   std::string names;
   for (const sim::SimParams& p : plan.links) {
     std::cout << sim::describe_link(p.link, p.fault_slowdown);
-    names += (names.empty() ? "" : ", ") + p.link.name;
+    names += fmt::format("{}{} ({})", names.empty() ? "" : ", ", p.link.name, sim::is_measured(p.link) ? "measured" : "assumed figures");
   }
   print_table(std::cout, results, speedups);
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << fmt::format("{} simulations on {} in {:.2f} s wall, {} jobs; xdemand = how many times faster than "
+  std::cout << fmt::format("{} simulations on {} in {:.2f} s wall, {} jobs; capacity = the simulated GPU's memory (fraction of "
+                           "the trace's peak footprint), xdemand = how many times faster than "
                            "demand (plain unified memory), xbound = time / the two-direction lower bound (docs/simulator.md), "
-                           "xunlim = time / compute (how many times slower than with unlimited GPU memory)\n",
+                           "xunlim = time / compute (how many times slower than with unlimited GPU memory), pf acc = the "
+                           "prefetched chunks a kernel used\n",
                            runner.cells(), names, wall, plan.jobs);
   print_best(std::cout, results, speedups);
   if (o.recommend) print_recommendations(std::cout, results);
@@ -638,7 +650,7 @@ int run_replay(SimCommands::Options& o) {
   check_policies({policy});
   CapacitySpec cap = parse_capacity(o.replay_capacity.empty() ? "0.5" : o.replay_capacity);
   const std::vector<std::string> links = o.link_names("pcie5");
-  if (links.size() != 1) throw UsageError{"replay takes one --link"};
+  if (links.size() != 1) throw UsageError{"replay takes one --link (spillway sweep runs several)"};
   sim::SimParams p = o.params(links[0]);
   std::vector<sim::AllocatorView> views = parse_views(o.allocators);
   if (views.size() != 1) throw UsageError{"replay takes one --allocator view"};

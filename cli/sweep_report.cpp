@@ -65,18 +65,26 @@ std::vector<double> speedups_vs_demand(const std::vector<sim::CellResult>& rows)
 double slowdown_vs_unlimited(const sim::CellResult& row) { return ratio(row.sim.time_ns, row.sim.compute_ns); }
 
 void print_table(std::ostream& out, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups) {
-  std::size_t w = 5;
-  for (const auto& r : rows) w = std::max(w, r.trace.size());
-  constexpr std::string_view kLine = "{:<{}}  {:>14}  {:<11}  {:<9}  {:<5}  {:>11}  {:>7}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n";
-  out << fmt::format(kLine, "trace", w, "capacity", "policy", "allocator", "link", "time", "xdemand", "xbound", "xunlim", "H2D GB",
-                     "D2H GB", "faults", "pf acc");
+  auto capacity = [](const sim::CellResult& r) { return fmt::format("{} ({:.3f})", format_bytes(r.capacity_bytes), r.capacity_frac); };
+  // (Each text column as wide as its widest entry, so that every row lines up with the header.)
+  std::size_t tw = 5, cw = 8, pw = 6, aw = 9, lw = 4;
+  for (const auto& r : rows) {
+    tw = std::max(tw, r.trace.size());
+    cw = std::max(cw, capacity(r).size());
+    pw = std::max(pw, r.policy.size());
+    aw = std::max(aw, r.allocator.size());
+    lw = std::max(lw, r.link.size());
+  }
+  constexpr std::string_view kLine = "{:<{}}  {:>{}}  {:<{}}  {:<{}}  {:<{}}  {:>11}  {:>7}  {:>7}  {:>7}  {:>8}  {:>8}  {:>10}  {:>8}\n";
+  out << fmt::format(kLine, "trace", tw, "capacity", cw, "policy", pw, "allocator", aw, "link", lw, "time", "xdemand", "xbound",
+                     "xunlim", "H2D GB", "D2H GB", "faults", "pf acc");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const sim::CellResult& r = rows[i];
     std::string acc = r.sim.prefetch_bytes == 0 ? std::string("-")
                                                 : fmt::format("{:.1f}%", 100.0 * r.sim.prefetch_used_bytes / r.sim.prefetch_bytes);
-    out << fmt::format(kLine, r.trace, w, fmt::format("{} ({:.3f})", format_bytes(r.capacity_bytes), r.capacity_frac), r.policy,
-                       r.allocator, r.link, seconds(r.sim.time_ns), ratio_text(speedups[i]), ratio_text(ratio(r.sim.time_ns, r.bound_ns)),
-                       ratio_text(slowdown_vs_unlimited(r)), gbytes(r.sim.h2d_bytes), gbytes(r.sim.d2h_bytes), r.sim.faults, acc);
+    out << fmt::format(kLine, r.trace, tw, capacity(r), cw, r.policy, pw, r.allocator, aw, r.link, lw, seconds(r.sim.time_ns),
+                       ratio_text(speedups[i]), ratio_text(ratio(r.sim.time_ns, r.bound_ns)), ratio_text(slowdown_vs_unlimited(r)),
+                       gbytes(r.sim.h2d_bytes), gbytes(r.sim.d2h_bytes), r.sim.faults, acc);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -26,6 +27,7 @@ int trace_command(const std::vector<std::string>& args) {
     return 1;
   }
   const std::string python = helper_python();
+  setenv("SPILLWAY_TRACE_PROG", "spillway trace torch", 1);  // (its usage and messages name this command)
   std::vector<std::string> words{python, script};
   words.insert(words.end(), args.begin() + 1, args.end());
   std::vector<char*> argv;

@@ -45,6 +45,7 @@ def main(argv):
     if not series:
         print(f"plot_sweep.py: {src}: no rows", file=sys.stderr)
         return 1
+    styles = {link: s for link, s in zip(sorted(links), ["-", "--", ":", "-."] * 4)}
     traces = sorted(series)
     cols = min(3, len(traces))
     rows = (len(traces) + cols - 1) // cols
@@ -55,19 +56,25 @@ def main(argv):
         axes[2 * (i // cols) + 1][i % cols].set_visible(False)
     for i, trace in enumerate(traces):
         top, bottom = axes[2 * (i // cols)][i % cols], axes[2 * (i // cols) + 1][i % cols]
-        panel(top, speedups[trace], trace, "x faster than demand", False)
-        panel(bottom, series[trace], trace, "time / lower bound", True)
-    fig.suptitle(f"Spillway sweep ({', '.join(sorted(links))})")
+        panel(top, speedups[trace], trace, "x faster than demand", False, styles)
+        panel(bottom, series[trace], trace, "time / lower bound", True, styles)
+    fig.suptitle("Spillway sweep (" + ", ".join(f"{link}: {styles[link]}" if len(links) > 1 else link for link in sorted(links)) + ")")
     fig.tight_layout()
     fig.savefig(out)
     return 0
 
 
-def panel(ax, lines, trace, ylabel, log_if_wide):
-    """One panel: a line per policy against capacity, less memory to the right."""
-    for policy, points in lines.items():
+def panel(ax, lines, trace, ylabel, log_if_wide, styles):
+    """One panel: a line per policy against capacity, less memory to the right; one colour per
+    policy (and view), one line style per link."""
+    colours = {}
+    for label, points in lines.items():
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=policy)
+        link = next((l for l in styles if label.endswith(l + ")") and len(styles) > 1), None)
+        key = label.replace(f", {link})", ")").replace(f" ({link})", "") if link else label
+        colours.setdefault(key, f"C{len(colours) % 10}")
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label, color=colours[key],
+                linestyle=styles.get(link, "-"))
     ax.set_title(trace)
     ax.set_xlabel("GPU capacity / peak footprint")
     ax.set_ylabel(ylabel)
@@ -80,7 +87,7 @@ def panel(ax, lines, trace, ylabel, log_if_wide):
         ax.set_yscale("log")
     ax.invert_xaxis()
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="x-small", loc="best")
 
 
 if __name__ == "__main__":

@@ -67,9 +67,11 @@ try:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 except ImportError as e:
-    sys.stderr.write(f"trace_torch.py: PyTorch is not installed for {sys.executable} ({e}): pip install torch (the CPU "
+    sys.stderr.write(f"{os.environ.get('SPILLWAY_TRACE_PROG') or 'trace_torch.py'}: PyTorch is not installed for "
+                     f"{sys.executable} ({e}): pip install torch (the CPU "
                      "build is enough: models run on the meta device), or apt-get install python3-torch for "
-                     "/usr/bin/python3 (scripts/bootstrap-traces); spillway trace runs $SPILLWAY_PYTHON if set\n")
+                     "/usr/bin/python3 (scripts/bootstrap-traces); spillway trace runs $SPILLWAY_PYTHON if set, "
+                     "else /usr/bin/python3\n")
     sys.exit(2)
 
 META = torch.device("meta")
@@ -1391,9 +1393,13 @@ def dlrm_train(rec, args):
     return tables, accum, bottom, top, opt, pairs
 
 
+# The name this script answers to: `spillway trace torch` sets SPILLWAY_TRACE_PROG when it runs it.
+PROG = os.environ.get("SPILLWAY_TRACE_PROG") or "trace_torch.py"
+
+
 def die(message):
     """A bad command line or model: one line, status 2."""
-    sys.stderr.write(f"trace_torch.py: {message}\n")
+    sys.stderr.write(f"{PROG}: {message}\n")
     sys.exit(2)
 
 
@@ -1449,7 +1455,12 @@ def module_trace(rec, args):
         rec.mark("weight", model.parameters())
         for it in range(args.iters):
             rec.iteration(it)
-            out = model(*inputs)
+            try:
+                out = model(*inputs)
+            except Exception as e:  # (a shape or dtype the model does not take: the user's input)
+                shapes = " ".join(",".join(map(str, s)) for s in args.input_shape)
+                die(f"{args.model}'s forward() failed on inputs of shape {shapes} ({args.input_dtype}): "
+                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             if train:
                 loss = (out[0] if isinstance(out, (tuple, list)) else out).float().mean()
                 loss.backward()
@@ -1508,14 +1519,14 @@ MODELS = {
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a built-in model (" + ", ".join(sorted(MODELS)) + ") or MODULE:FACTORY, a function "
                    "that returns your torch.nn.Module")
-    p.add_argument("out")
-    p.add_argument("--batch", type=int)
+    p.add_argument("out", help="the trace to write (.jsonl.gz: compressed)")
+    p.add_argument("--batch", type=int, help="the built-in model's batch [per model]")
     p.add_argument("--seq", type=int, help="tokens a sequence [1024; bert-finetune: 128]")
-    p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--decode", type=int, default=32)
+    p.add_argument("--iters", type=int, default=3, help="training steps, or forward passes with --mode infer [3]")
+    p.add_argument("--decode", type=int, default=32, help="decode steps after the prefill (gpt2-xl-infer) [32]")
     p.add_argument("--steps", type=int,
                    help="engine steps (llm-serve-paged) or minibatches (gnn-train, dlrm-train) [per size]")
     p.add_argument("--size", help="the model's size, for models that have sizes: " +
@@ -1574,7 +1585,7 @@ def record(a, fn, what, sizes):
     header.update(getattr(a, "header_extra", {}))  # a model's own figures: image size, expert loads, ...
     kernels = rec.write(a.out, header)
     del keep
-    print(f"{a.out}: {kernels} kernels, {rec.next_id} storages", file=sys.stderr)
+    print(f"{a.out}: {kernels} kernels, {rec.next_id} storages; next: spillway sweep {a.out}", file=sys.stderr)
     return 0
 
 

@@ -100,7 +100,8 @@ const std::vector<LinkProfile>& link_profiles() {
           .fault_batch_ns = 13'800,
           .fault_slowdown = 14.30 / 9.74,
           .calls = h200_call_shape(),
-          .sources = {"measured on an H200, driver 580.159.04, 2026-11-29: cuMemPrefetchAsync in 2 MiB calls; docs/gpu-results.md",
+          .sources = {"measured between host and GPU on an H200 machine, driver 580.159.04, 2026-11-29: cuMemPrefetchAsync "
+                      "in 2 MiB calls; docs/gpu-results.md",
                       "measured on the same H200, 2026-12-04, linkbench --matrix; used as ratios to its 2 MiB call; above "
                       "512 MiB assumed: the 128-512 MiB segment's rate continues; docs/gpu-results.md, \"Call shape\"",
                       "measured on the same H200: 13.8 us per touch of 2 MiB of host-resident data, far fault + density "
@@ -118,6 +119,8 @@ std::optional<LinkProfile> find_link(std::string_view name) {
   }
   return std::nullopt;
 }
+
+bool is_measured(const LinkProfile& link) { return link.sources.bandwidth.starts_with("measured"); }
 
 double call_ns(const LinkProfile& link, Location to, std::uint64_t bytes) {
   const double chunk_ns = static_cast<double>(kChunkBytes) * 1e9 / bandwidth(link, to);
@@ -152,7 +155,7 @@ std::string describe_link(const LinkProfile& link, double fault_slowdown) {
   }
   out += fmt::format("  fault batch {:.1f} us ({})\n", static_cast<double>(link.fault_batch_ns) / 1e3, link.sources.fault_batch);
   out += fmt::format("  fault-driven migration {:.2f}x slower than a prefetch ({})\n", fault_slowdown, link.sources.fault_slowdown);
-  out += fmt::format("  fastest call (the lower bound's rate): H2D {:.2f} GB/s, D2H {:.2f} GB/s\n",
+  out += fmt::format("  the lower bound's rate, the fastest any call moves: H2D {:.2f} GB/s, D2H {:.2f} GB/s\n",
                      peak_bytes_per_s(link, Location::gpu) / 1e9, peak_bytes_per_s(link, Location::cpu) / 1e9);
   return out;
 }

@@ -38,7 +38,7 @@ expect "spillway policies: unknown option '--jsn' (did you mean --json?)" polici
 # The sweep runs several links (pcie5,h200 by default); a replaced link figure needs one.
 expect "spillway: --h2d-bandwidth, --d2h-bandwidth, --fault-batch-us and --fault-slowdown replace one link's figures: give one --link" \
   sweep "$bench" --h2d-bandwidth 10
-expect "spillway: replay takes one --link" replay "$bench" --link pcie5,h200
+expect "spillway: replay takes one --link (spillway sweep runs several)" replay "$bench" --link pcie5,h200
 expect "spillway: unknown link 'pcie9': expected pcie3, pcie4, pcie5, c2c or h200" sweep "$bench" --link pcie5,pcie9
 expect "spillway: invalid --call-shape 'maybe': expected on or off" replay "$bench" --call-shape maybe
 expect "spillway run: '--total' is not an option of spillway run; a program's own options go after --: spillway run [OPTIONS] -- PROGRAM [ARGS...]" \

@@ -31,13 +31,19 @@ if grep -q "PyTorch is not installed for " err.txt; then
   exit 0
 fi
 [ $status -eq 0 ] || fail "trace: status $status: $(cat err.txt)"
-grep -q "^t.jsonl.gz: [0-9]* kernels" err.txt || fail "no summary line: $(cat err.txt)"
+grep -q "^t.jsonl.gz: [0-9]* kernels, [0-9]* storages; next: spillway sweep t.jsonl.gz$" err.txt || fail "no summary line: $(cat err.txt)"
 "$cli" replay t.jsonl.gz --policy learned --capacity 0.5 > replay.txt || fail "the trace does not replay"
 grep -q "^kernels [1-9]" replay.txt || fail "replay: $(cat replay.txt)"
 "$cli" trace torch mynets:three x.jsonl.gz --input-shape 4 2> err.txt; [ $? -eq 2 ] || fail "a factory returning 3: not status 2"
-grep -qx "trace_torch.py: mynets.three() returned int, not a torch.nn.Module" err.txt || fail "$(cat err.txt)"
+grep -qx "spillway trace torch: mynets.three() returned int, not a torch.nn.Module" err.txt || fail "$(cat err.txt)"
 "$cli" trace torch mynets:mlp x.jsonl.gz 2> err.txt; [ $? -eq 2 ] || fail "no --input-shape: not status 2"
-grep -q "^trace_torch.py: --input-shape is required" err.txt || fail "$(cat err.txt)"
+grep -q "^spillway trace torch: --input-shape is required" err.txt || fail "$(cat err.txt)"
 "$cli" trace torch nosuch:make x.jsonl.gz --input-shape 4 2> err.txt; [ $? -eq 2 ] || fail "no such module: not status 2"
-grep -q "^trace_torch.py: cannot load nosuch:make: No module named 'nosuch'" err.txt || fail "$(cat err.txt)"
+grep -q "^spillway trace torch: cannot load nosuch:make: No module named 'nosuch'" err.txt || fail "$(cat err.txt)"
+# An input the model cannot take: one line naming the shapes, no traceback, no trace left.
+"$cli" trace torch mynets:mlp bad.jsonl.gz --input-shape 64,7 2> err.txt; [ $? -eq 2 ] || fail "a bad input shape: not status 2"
+[ "$(wc -l < err.txt)" -eq 1 ] || fail "a bad input shape: not one line: $(cat err.txt)"
+grep -q "^spillway trace torch: mynets:mlp's forward() failed on inputs of shape 64,7 (float32): RuntimeError: " err.txt ||
+  fail "$(cat err.txt)"
+[ ! -e bad.jsonl.gz ] || fail "a trace was left after the failure"
 echo ok

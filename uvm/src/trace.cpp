@@ -301,7 +301,11 @@ void Reader::read_header() {
   }
   json h;
   Released free_h{h};
-  if (std::string problem = parse_line(text, h, "malformed JSON in the header"); !problem.empty()) fail(problem);
+  if (std::string problem = parse_line(text, h, "not a spillway trace: line 1 must be the JSON header "
+                                                 "{\"format\":\"spillway-trace\",\"version\":1,...} (malformed JSON in the header)");
+      !problem.empty()) {
+    fail(problem);
+  }
   if (!h.is_object() || !h.contains("format")) {
     fail("missing header: line 1 must be {\"format\":\"spillway-trace\",\"version\":1,...}");
   }

@@ -61,6 +61,10 @@ const std::vector<LinkProfile>& link_profiles();
 // The profile called `name`, if any.
 std::optional<LinkProfile> find_link(std::string_view name);
 
+// Whether the profile's bandwidths were measured (their source says "measured ..."), not
+// assumed or given on the command line.
+bool is_measured(const LinkProfile& link);
+
 // Time of one move call of `bytes` toward `to` (gpu: H2D, cpu: D2H) on `link`, in ns, not
 // rounded. With an empty call shape (`--call-shape off` empties it): bytes ÷ bandwidth.
 double call_ns(const LinkProfile& link, Location to, std::uint64_t bytes);
