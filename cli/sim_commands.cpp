@@ -399,6 +399,15 @@ void check_output_path(const char* option, const std::string& path) {
   }
 }
 
+// A capacity of the whole peak footprint or more oversubscribes nothing: a bare number meant
+// as a size (--capacity 4) is the usual cause, so the warning says how to give one.
+void warn_if_not_oversubscribed(const CapacitySpec& cap) {
+  if (cap.bytes != 0 || cap.fraction < 1.0) return;
+  const bool bare = cap.text.find_first_not_of("0123456789.") == std::string::npos;
+  std::cerr << fmt::format("spillway sweep: warning: --capacity {} is {}x the trace's peak footprint: nothing is "
+                           "oversubscribed{}\n", cap.text, cap.fraction, bare ? fmt::format(" (a size takes a unit: {}GiB)", cap.text) : "");
+}
+
 SweepPlan plan_sweep(const SimCommands::Options& o) {
   SweepPlan plan;
   plan.policies = policy_list(o.policies);
@@ -408,12 +417,7 @@ SweepPlan plan_sweep(const SimCommands::Options& o) {
   if (cap_text.empty()) cap_text = {"0.667", "0.5"};
   for (const std::string& c : cap_text) {
     plan.caps.push_back(parse_capacity(c));
-    if (plan.caps.back().bytes == 0 && plan.caps.back().fraction >= 1.0) {
-      const bool bare = c.find_first_not_of("0123456789.") == std::string::npos;
-      std::cerr << fmt::format("spillway sweep: warning: --capacity {} is {}x the trace's peak footprint: nothing is "
-                               "oversubscribed{}\n", c, plan.caps.back().fraction,
-                               bare ? fmt::format(" (a size takes a unit: {}GiB)", c) : "");
-    }
+    warn_if_not_oversubscribed(plan.caps.back());
   }
   for (const std::string& name : o.link_names("pcie5,h200")) plan.links.push_back(o.params(name));
   if (!o.plot.empty() && !(o.plot.ends_with(".png") || o.plot.ends_with(".svg") || o.plot.ends_with(".pdf"))) {

@@ -68,4 +68,9 @@ print(best)
 PY
 ) || fail "recommendation: $rec"
 "$cli" replay "$trace" --capacity 0.5 --policy "$pick" > /dev/null || fail "replay does not take --policy '$pick'"
+# A capacity of the whole peak or more oversubscribes nothing: a bare number gets a warning
+# naming the size it may have meant.
+"$cli" sweep "$trace" --capacity 4 --policy demand --link pcie5 -q > /dev/null 2> "$work/w.txt" || fail "--capacity 4 failed"
+grep -qx "spillway sweep: warning: --capacity 4 is 4x the trace's peak footprint: nothing is oversubscribed (a size takes a unit: 4GiB)" \
+  "$work/w.txt" || fail "--capacity 4: $(cat "$work/w.txt")"
 echo ok
