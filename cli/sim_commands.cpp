@@ -144,13 +144,15 @@ struct SimCommands::Options {
                     "'unlimited' [256MiB]");
   }
 
-  // The links asked for (`fallback` when none), each once.
+  // The links asked for, each once; none asked: `fallback`, or pcie5 alone when a link's
+  // figure is replaced (--h2d-bandwidth ...: one link's figures).
   std::vector<std::string> link_names(const char* fallback) const {
+    const bool replaced = h2d_gbps || d2h_gbps || fault_batch_us || fault_slowdown;
+    const std::string asked = !link.empty() ? link : replaced ? "pcie5" : fallback;
     std::vector<std::string> names;
-    for (const std::string& n : split(link.empty() ? std::vector<std::string>{fallback} : std::vector<std::string>{link})) {
+    for (const std::string& n : split(std::vector<std::string>{asked})) {
       if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
     }
-    const bool replaced = h2d_gbps || d2h_gbps || fault_batch_us || fault_slowdown;
     if (names.size() > 1 && replaced) {
       throw UsageError{"--h2d-bandwidth, --d2h-bandwidth, --fault-batch-us and --fault-slowdown replace one link's figures: "
                        "give one --link"};

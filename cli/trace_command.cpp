@@ -17,6 +17,11 @@ int trace_command(const std::vector<std::string>& args) {
     std::cerr << "spillway trace: which framework? " << kUsage << '\n';
     return 2;
   }
+  if (args[0] == "--help" || args[0] == "-h") {
+    std::cout << "Usage: " << kUsage << "\n  MODEL: a built-in model or MODULE:FACTORY, a function returning your "
+                 "torch.nn.Module (docs/trace-format.md, \"Tracing your own model\")\n";
+    return 0;
+  }
   if (args[0] != "torch") {
     std::cerr << "spillway trace: unknown framework '" << args[0] << "' (accepted: torch): " << kUsage << '\n';
     return 2;

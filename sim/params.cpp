@@ -50,6 +50,7 @@ double point_ns(const CallPoint& p) { return static_cast<double>(p.bytes) / p.gb
 // The measured run's time for a call of `bytes`, ns: interpolated between the points, the
 // smallest's time below it, the last segment continued above the largest. Exact at a point.
 double shape_ns(const std::vector<CallPoint>& pts, std::uint64_t bytes) {
+  if (pts.size() == 1) return point_ns(pts.front()) * static_cast<double>(bytes) / static_cast<double>(pts.front().bytes);
   if (bytes <= pts.front().bytes) return point_ns(pts.front());
   std::size_t i = 1;
   while (i + 1 < pts.size() && pts[i].bytes < bytes) ++i;
@@ -139,7 +140,9 @@ double peak_bytes_per_s(const LinkProfile& link, Location to) {
   if (pts.size() >= 2) {
     const std::uint64_t a = pts[pts.size() - 2].bytes, b = pts.back().bytes;
     const double slope_ns = (call_ns(link, to, b) - call_ns(link, to, a)) / static_cast<double>(b - a);
-    peak = std::max(peak, 1e9 / slope_ns);
+    // (A last segment whose time does not rise would make calls free or negative past it: a
+    // shape must rise in time, as CallShape says and the tests check of every profile.)
+    if (slope_ns > 0) peak = std::max(peak, 1e9 / slope_ns);
   }
   return peak;
 }

@@ -202,12 +202,15 @@ Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to
   if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
   std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
   if (last >= chunks_.live_count.size()) return Result{Status::invalid_value, 0};
-  const std::uint64_t copied = chunks_to_copy(first, last, to);
-  const std::uint64_t copy = call_chunk_ns(to, copied);
-  if (rec_.on) rec_.calls.push_back({to, addr - kArenaBase, bytes, copied, clock_.compute, copied * copy});
+  const std::uint64_t copy = call_chunk_ns(to, chunks_to_copy(first, last, to));
+  const std::uint64_t issued = clock_.compute, before = to == Location::gpu ? stats_.prefetch_bytes : stats_.d2h_bytes;
   for (std::uint64_t c = first; c <= last; ++c) {
     if (to == Location::gpu) prefetch_in(static_cast<std::uint32_t>(c), clock_.compute, copy);
     else evict(static_cast<std::uint32_t>(c), clock_.compute, copy);
+  }
+  if (rec_.on) {  // (the chunks it copied: one may have found no room, or left to make room)
+    const std::uint64_t copied = ((to == Location::gpu ? stats_.prefetch_bytes : stats_.d2h_bytes) - before) / kChunkBytes;
+    rec_.calls.push_back({to, addr - kArenaBase, bytes, copied, issued, copied * copy});
   }
   return {};
 }

@@ -119,8 +119,9 @@ static int matrix(unsigned char* p, size_t bytes, cudaStream_t s, cudaEvent_t e0
   return 0;
 }
 
-// One pass of the schedule over fresh managed memory (never touched: the simulator's fresh
-// chunks): each call whole, or as 2 MiB pieces. Returns the milliseconds of the pass.
+// One pass of the schedule over fresh managed memory (never touched, as the simulator's chunks
+// start; the driver's own evictions and fault migrations are not in the schedule, so what is
+// where can still differ): each call whole, or as 2 MiB pieces. Returns the milliseconds.
 static double replay_pass(const move_schedule::Schedule& sched, size_t bytes, bool pieces, cudaStream_t s, cudaEvent_t e0,
                           cudaEvent_t e1, int dev) {
   unsigned char* p;
@@ -141,13 +142,14 @@ static double replay_pass(const move_schedule::Schedule& sched, size_t bytes, bo
   return ms;
 }
 
-static int schedule(const char* path, size_t bytes, size_t max_moved, cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1,
-                    int dev) {
+static int schedule(const char* path, const char* name, size_t bytes, size_t max_moved, cudaStream_t s, cudaEvent_t e0,
+                    cudaEvent_t e1, int dev) {
   const move_schedule::Schedule sched = move_schedule::read(path, bytes, max_moved);
-  if (!sched.error.empty()) {
-    std::fprintf(stderr, "linkbench: %s\n", sched.error.c_str());
+  if (!sched.error.empty() || sched.calls.empty()) {
+    std::fprintf(stderr, "linkbench: %s\n", sched.error.empty() ? "no call of the schedule fits --bytes" : sched.error.c_str());
     return 2;
   }
+  std::printf("{\"device\": \"%s\", \"bytes\": %zu", name, bytes);
   const double whole = replay_pass(sched, bytes, false, s, e0, e1, dev);
   const double pieces = replay_pass(sched, bytes, true, s, e0, e1, dev);
   std::printf(", \"schedule\": \"%s\", \"calls\": %zu, \"skipped_calls\": %llu, \"h2d_calls\": %llu, "
@@ -156,7 +158,8 @@ static int schedule(const char* path, size_t bytes, size_t max_moved, cudaStream
               "\"charged_gain\": %.3f}\n",
               path, sched.calls.size(), (unsigned long long)sched.skipped, (unsigned long long)sched.h2d_calls,
               (unsigned long long)sched.d2h_calls, sched.copied_bytes / double(1ull << 30), whole, sched.charged_ns / 1e6,
-              pieces, sched.flat_ns / 1e6, pieces / whole, sched.charged_ns ? double(sched.flat_ns) / sched.charged_ns : 0.0);
+              pieces, sched.flat_ns / 1e6, whole > 0 ? pieces / whole : 0.0,
+              sched.charged_ns ? double(sched.flat_ns) / sched.charged_ns : 0.0);
   return 0;
 }
 
@@ -192,8 +195,8 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
+  if (schedule_path != nullptr) return schedule(schedule_path, prop.name, bytes, max_moved, s, e0, e1, dev);
   std::printf("{\"device\": \"%s\", \"bytes\": %zu", prop.name, bytes);
-  if (schedule_path != nullptr) return schedule(schedule_path, bytes, max_moved, s, e0, e1, dev);
   unsigned char* p;
   unsigned* sink;
   CHECK(cudaMallocManaged(&p, bytes));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,14 +33,20 @@ struct Schedule {
 };
 
 // One line of the file, or false.
+// (Whole lines only: no sign, the closing brace, nothing after it but the newline; a range
+// whose end would pass 2^64 is refused.)
 inline bool parse_call(const char* line, Call& c) {
+  if (std::strchr(line, '-') != nullptr) return false;
   char to[8] = {};
   unsigned long long off, bytes, copied, issue, charged, flat;
+  int end = -1;
   const int n = std::sscanf(line,
                             "{\"to\": \"%7[a-z]\", \"offset\": %llu, \"bytes\": %llu, \"copied_chunks\": %llu, "
-                            "\"issue_ns\": %llu, \"charged_ns\": %llu, \"flat_ns\": %llu}",
-                            to, &off, &bytes, &copied, &issue, &charged, &flat);
-  if (n != 7 || bytes == 0 || (std::string(to) != "gpu" && std::string(to) != "cpu")) return false;
+                            "\"issue_ns\": %llu, \"charged_ns\": %llu, \"flat_ns\": %llu}%n",
+                            to, &off, &bytes, &copied, &issue, &charged, &flat, &end);
+  if (n != 7 || end < 0 || (line[end] != '\0' && line[end] != '\n')) return false;
+  if (bytes == 0 || off > ~0ull - bytes || copied > (~0ull >> 22)) return false;
+  if (std::string(to) != "gpu" && std::string(to) != "cpu") return false;
   c = Call{std::string(to) == "gpu", off, bytes, copied, charged, flat};
   return true;
 }
@@ -61,7 +68,7 @@ inline Schedule read(const char* path, std::uint64_t memory_bytes, std::uint64_t
       s.error = std::string(path) + ":" + std::to_string(n) + ": not a move call of spillway replay --calls";
       break;
     }
-    if (c.offset + c.bytes > memory_bytes || s.copied_bytes >= max_copied_bytes) {
+    if (c.offset > memory_bytes || c.bytes > memory_bytes - c.offset || s.copied_bytes >= max_copied_bytes) {
       ++s.skipped;
       continue;
     }

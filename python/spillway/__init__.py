@@ -35,7 +35,9 @@ def trace_torch(model: str, out: str, **options) -> Path:
     args = [sys.executable, str(_HERE / "share" / "spillway" / "trace_torch.py"), model, str(out)]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
-        values = value if key == "input_shape" else [value]
+        # (input_shape: a list of shapes; one shape given alone is one input.)
+        single = key == "input_shape" and isinstance(value, (tuple, list)) and value and isinstance(value[0], int)
+        values = [value] if single or key != "input_shape" else value
         for v in values:
             args += [flag, ",".join(str(d) for d in v) if isinstance(v, (tuple, list)) else str(v)]
     done = subprocess.run(args, capture_output=True, text=True)

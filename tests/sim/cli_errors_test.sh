@@ -35,9 +35,10 @@ expect "spillway info: unknown option '--bugdet' (did you mean --budget?)" info 
 expect "spillway sweep: unknown option '--capacty' (did you mean --capacity?)" sweep "$bench" --capacty 0.5
 expect "spillway replay: unknown option '--polcy=learned' (did you mean --policy?)" replay "$bench" --polcy=learned
 expect "spillway policies: unknown option '--jsn' (did you mean --json?)" policies --jsn
-# The sweep runs several links (pcie5,h200 by default); a replaced link figure needs one.
+# The sweep runs several links (pcie5,h200 by default; pcie5 alone when a figure is replaced
+# and no --link given); a replaced link figure needs one.
 expect "spillway: --h2d-bandwidth, --d2h-bandwidth, --fault-batch-us and --fault-slowdown replace one link's figures: give one --link" \
-  sweep "$bench" --h2d-bandwidth 10
+  sweep "$bench" --link pcie5,h200 --h2d-bandwidth 10
 expect "spillway: replay takes one --link (spillway sweep runs several)" replay "$bench" --link pcie5,h200
 expect "spillway: unknown link 'pcie9': expected pcie3, pcie4, pcie5, c2c or h200" sweep "$bench" --link pcie5,pcie9
 expect "spillway: invalid --call-shape 'maybe': expected on or off" replay "$bench" --call-shape maybe

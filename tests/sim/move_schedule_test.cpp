@@ -63,6 +63,13 @@ TEST(MoveSchedule, AnythingElseIsAnErrorNamingTheLine) {
   const move_schedule::Schedule s = move_schedule::read(path.c_str(), ~0ull, ~0ull);
   EXPECT_EQ(s.error, path + ":2: not a move call of spillway replay --calls");
   EXPECT_EQ(move_schedule::read("/nonexistent/x", 1, 1).error, "cannot open /nonexistent/x");
+  // Numbers that wrap, a sign, and anything after the closing brace are refused.
+  move_schedule::Call c;
+  const std::string tail = ", \"copied_chunks\": 1, \"issue_ns\": 0, \"charged_ns\": 5, \"flat_ns\": 5}";
+  EXPECT_TRUE(move_schedule::parse_call(("{\"to\": \"cpu\", \"offset\": 4096, \"bytes\": 4096" + tail + "\n").c_str(), c));
+  EXPECT_FALSE(move_schedule::parse_call(("{\"to\": \"gpu\", \"offset\": 18446744073709551615, \"bytes\": 2" + tail).c_str(), c));
+  EXPECT_FALSE(move_schedule::parse_call(("{\"to\": \"gpu\", \"offset\": -2097152, \"bytes\": 4194304" + tail).c_str(), c));
+  EXPECT_FALSE(move_schedule::parse_call(("{\"to\": \"gpu\", \"offset\": 0, \"bytes\": 4096" + tail + " garbage").c_str(), c));
   std::filesystem::remove(path);
 }
 

@@ -440,11 +440,14 @@ TEST(Report, JsonHasEveryFigure) {
   EXPECT_EQ(j["prefetch_reconciliation"]["asked_to_gpu"], 23);
   EXPECT_TRUE(j["prefetch_reconciliation"]["driver_migrated_to_gpu"].is_null()) << j.dump();
   EXPECT_EQ(j["prefetch_reconciliation"]["counted_by"], "not counted: fault feedback off");
-  s.fault_feedback = "on";
+  s.fault_feedback = "cupti";
   s.migrated_to_gpu_bytes = 7;
   j = stats_json(s);
   EXPECT_EQ(j["prefetch_reconciliation"]["driver_migrated_to_gpu"], 7);
-  EXPECT_NE(j["prefetch_reconciliation"]["counted_by"].get<std::string>().find("CUPTI"), std::string::npos);
+  EXPECT_EQ(j["prefetch_reconciliation"]["counted_by"], "fault feedback (cupti)");
+  s.fault_feedback = "off: another CUPTI client appeared";  // (stopped after counting some)
+  EXPECT_EQ(stats_json(s)["prefetch_reconciliation"]["driver_migrated_to_gpu"], 7);
+  s.fault_feedback = "cupti";
   EXPECT_NE(j["prefetch_reconciliation"]["why_they_differ"].get<std::string>().find("never written"), std::string::npos);
   std::string table = stats_table(s);
   EXPECT_NE(table.find("23 B asked; the driver migrated 7 B (pages already resident"), std::string::npos) << table;

@@ -18,8 +18,11 @@ namespace {
 // bytes no prefetch asked for.
 constexpr const char* kWhyAskedAndMigratedDiffer = "pages already resident or never written move nothing; faults migrate too";
 
-// The driver's migrations were counted (fault feedback on: CUPTI's unified-memory records).
-bool migrations_counted(const Stats& s) { return !s.fault_feedback.starts_with("off"); }
+// The driver's migrations were counted: fault feedback is on (CUPTI's unified-memory records
+// in the shim, the simulator's own count there), or was on for a while and counted some.
+bool migrations_counted(const Stats& s) {
+  return !s.fault_feedback.starts_with("off") || s.migrated_to_gpu_bytes != 0 || s.migrated_to_host_bytes != 0;
+}
 
 }  // namespace
 
@@ -165,7 +168,7 @@ nlohmann::json stats_json(const Stats& s) {
       {"prefetch_reconciliation",
        {{"asked_to_gpu", s.prefetch_to_gpu_bytes},
         {"driver_migrated_to_gpu", migrations_counted(s) ? nlohmann::json(s.migrated_to_gpu_bytes) : nlohmann::json()},
-        {"counted_by", migrations_counted(s) ? std::string("CUPTI unified-memory records (fault feedback)")
+        {"counted_by", migrations_counted(s) ? "fault feedback (" + s.fault_feedback + ")"
                                              : "not counted: fault feedback " + s.fault_feedback},
         {"why_they_differ", kWhyAskedAndMigratedDiffer}}},
       {"calls", {{"h2d", calls_json(s.h2d_calls)}, {"d2h", calls_json(s.d2h_calls)}}},
