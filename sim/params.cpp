@@ -37,14 +37,6 @@ LinkProfile assumed(std::string name, double h2d, double d2h, std::string bandwi
                      .sources = {std::move(bandwidth_source), kNoCallShape, kG10FaultBatch, kAssumedSlowdown}};
 }
 
-const std::vector<CallPoint>& points(const LinkProfile& link, Location to) {
-  return to == Location::gpu ? link.calls.h2d : link.calls.d2h;
-}
-
-double bandwidth(const LinkProfile& link, Location to) {
-  return to == Location::gpu ? link.h2d_bytes_per_s : link.d2h_bytes_per_s;
-}
-
 double point_ns(const CallPoint& p) { return static_cast<double>(p.bytes) / p.gb_per_s; }
 
 // The measured run's time for a call of `bytes`, ns: interpolated between the points, the
@@ -59,14 +51,10 @@ double shape_ns(const std::vector<CallPoint>& pts, std::uint64_t bytes) {
   return a + (b - a) * static_cast<double>(bytes - pts[i - 1].bytes) / static_cast<double>(pts[i].bytes - pts[i - 1].bytes);
 }
 
-}  // namespace
-
-namespace {
-
 // The model's rate at each measured size, toward `to`: "64 KiB 1.33, 2 MiB 14.30, ... GB/s".
 std::string describe_shape(const LinkProfile& link, Location to) {
   std::string out;
-  for (const CallPoint& p : points(link, to)) {
+  for (const CallPoint& p : call_points(link, to)) {
     out += fmt::format("{}{} {:.2f}", out.empty() ? "" : ", ", format_bytes(p.bytes),
                        static_cast<double>(p.bytes) / call_ns(link, to, p.bytes));
   }
@@ -121,18 +109,26 @@ std::optional<LinkProfile> find_link(std::string_view name) {
   return std::nullopt;
 }
 
+const std::vector<CallPoint>& call_points(const LinkProfile& link, Location to) {
+  return to == Location::gpu ? link.calls.h2d : link.calls.d2h;
+}
+
+double bandwidth(const LinkProfile& link, Location to) {
+  return to == Location::gpu ? link.h2d_bytes_per_s : link.d2h_bytes_per_s;
+}
+
 bool is_measured(const LinkProfile& link) { return link.sources.bandwidth.starts_with("measured"); }
 
 double call_ns(const LinkProfile& link, Location to, std::uint64_t bytes) {
   const double chunk_ns = static_cast<double>(kChunkBytes) * 1e9 / bandwidth(link, to);
-  const std::vector<CallPoint>& pts = points(link, to);
+  const std::vector<CallPoint>& pts = call_points(link, to);
   if (pts.empty()) return static_cast<double>(bytes) * 1e9 / bandwidth(link, to);
   return chunk_ns * (shape_ns(pts, bytes) / shape_ns(pts, kChunkBytes));
 }
 
 double peak_bytes_per_s(const LinkProfile& link, Location to) {
   double peak = bandwidth(link, to);
-  const std::vector<CallPoint>& pts = points(link, to);
+  const std::vector<CallPoint>& pts = call_points(link, to);
   if (pts.empty()) return peak;
   // b / call_ns(b) is monotone on each linear piece (and rises to the smallest point, whose
   // time is constant below it), so its supremum is at a point or the last piece's limit.

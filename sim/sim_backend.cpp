@@ -89,9 +89,8 @@ void SimBackend::leave(std::uint32_t c) {
 // Each moved chunk of a call that moves `moving` chunks toward `to` holds its copy engine for
 // an equal share of the call's time (the link's call shape; one chunk: a 2 MiB call).
 std::uint64_t SimBackend::call_chunk_ns(Location to, std::uint64_t moving) const {
-  const std::uint64_t one = copy_ns(to == Location::gpu ? params_.link.h2d_bytes_per_s : params_.link.d2h_bytes_per_s, kChunkBytes);
-  const bool shaped = !(to == Location::gpu ? params_.link.calls.h2d : params_.link.calls.d2h).empty();
-  if (!shaped || moving <= 1) return one;
+  const std::uint64_t one = copy_ns(bandwidth(params_.link, to), kChunkBytes);
+  if (call_points(params_.link, to).empty() || moving <= 1) return one;
   return static_cast<std::uint64_t>(std::ceil(call_ns(params_.link, to, moving * kChunkBytes) / static_cast<double>(moving)));
 }
 

@@ -61,6 +61,11 @@ const std::vector<LinkProfile>& link_profiles();
 // The profile called `name`, if any.
 std::optional<LinkProfile> find_link(std::string_view name);
 
+// The call shape's points toward `to` (gpu: H2D, cpu: D2H); empty without a shape.
+const std::vector<CallPoint>& call_points(const LinkProfile& link, Location to);
+// The bandwidth of a 2 MiB call toward `to`, bytes per second.
+double bandwidth(const LinkProfile& link, Location to);
+
 // Whether the profile's bandwidths were measured (their source says "measured ..."), not
 // assumed or given on the command line.
 bool is_measured(const LinkProfile& link);
