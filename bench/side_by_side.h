@@ -43,8 +43,11 @@ inline void* open_driver() {
   return driver;
 }
 
-// Loads libspillway.so from `path` (after the driver's functions were taken).
+// Loads libspillway.so from `path` (after the driver's functions were taken), or from
+// SPILLWAY_BENCH_SHIM when it is set: another commit's shim, measured by the same benchmark
+// against the same fake driver (bench/README.md's side-by-side tables).
 inline void* open_shim(const char* path) {
+  if (const char* other = std::getenv("SPILLWAY_BENCH_SHIM"); other != nullptr && *other != '\0') path = other;
   void* shim = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (shim == nullptr) {
     std::fprintf(stderr, "spillway bench: cannot load %s: %s\n", path, dlerror());

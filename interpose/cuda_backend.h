@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
 // (Engine::launch_in_flight).
 // The launching stream itself never waits for the shim's streams: a kernel that runs before
 // its prefetch completes faults and the driver migrates on demand, which is always correct.
+// The caller has registered the thread's current context (current_context_and_device).
 class LaunchOrderScope {
  public:
   explicit LaunchOrderScope(CUstream launch_stream);

@@ -200,7 +200,11 @@ class Observation {
     l.accesses = graph != nullptr ? std::span<const Access>(*graph) : std::span<const Access>(fp.accesses.data(), fp.naccesses);
     l.dur_ns = duration_of(fp.exec_id, &sample);
     l.now_ns = interpose::steady_now_ns();
-    l.device = interpose::backend_instance().current_device();  // (cuCtxGetDevice: a thread-local read)
+    // One cuCtxGetCurrent for the whole hook: the context is registered for the fences here
+    // (note_context, its device from the thread's cache), so neither the launching streams'
+    // note nor the work noted after the launch asks the driver again.
+    l.device = interpose::backend_instance().current_context_and_device().device;
+    context_noted_ = true;
     // Fault feedback (cupti_feedback.h): started before the first launch the Engine plans,
     // outside its lock; the kernel's CUPTI record is tied to l.seq while it is issued.
     if (e->wants_fault_feedback() && interpose::backend_instance().start_fault_feedback()) bracketed_ = true;
@@ -230,6 +234,12 @@ class Observation {
   R done(R r, R ok) {
     launched_ok_ = r == ok;
     return r;
+  }
+  // After a launch the driver accepted on `stream`: the work is noted for the fences
+  // (stream_registry.h), without asking for the context again when this hook registered it.
+  void note_work(CUstream stream) const {
+    if (context_noted_) interpose::note_stream_work_in_noted_context(stream);
+    else interpose::note_stream_work(stream);
   }
 
  private:
@@ -262,6 +272,7 @@ class Observation {
   std::uint64_t exec_id_ = 0;
   bool launched_ok_ = false;
   bool bracketed_ = false;  // begin_launch() was called: end_launch() is owed
+  bool context_noted_ = false;  // the calling thread's current context is registered
 };
 
 
@@ -271,7 +282,7 @@ CUresult observed_launch(CUfunction f, CUstream stream, void** params, void** ex
   if (f == nullptr) return call();
   Observation obs(f, nullptr, nullptr, stream, params, extra);
   const CUresult r = call();
-  if (r == CUDA_SUCCESS) interpose::note_stream_work(stream);
+  if (r == CUDA_SUCCESS) obs.note_work(stream);
   return obs.done(r, CUDA_SUCCESS);
 }
 
@@ -282,7 +293,7 @@ cudaError_t observed_runtime_launch(const void* stub, CUstream stream, void** ar
   t_in_runtime_launch = true;
   cudaError_t r = call();
   t_in_runtime_launch = false;
-  if (r == cudaSuccess) interpose::note_stream_work(stream);
+  if (r == cudaSuccess) obs.note_work(stream);
   return obs.done(r, cudaSuccess);
 }
 

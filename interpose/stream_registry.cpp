@@ -63,7 +63,6 @@ int note_context(CUcontext ctx) {
 }
 
 void note_launch_stream(CUstream stream) {
-  note_current_context();
   std::lock_guard lock(g_streams_mutex);
   ++g_launches;
   if (stream == CU_STREAM_PER_THREAD) return;  // names another stream on every thread
@@ -243,6 +242,10 @@ void note_stream_work(CUstream stream) {
     ShimCallScope scope;
     note_current_context();
   }
+  note_stream_work_in_noted_context(stream);
+}
+
+void note_stream_work_in_noted_context(CUstream stream) {
   if (is_default(stream)) return;
   std::lock_guard lock(g_streams_mutex);
   auto it = g_known.find(stream);

@@ -45,6 +45,10 @@ void note_stream_created(CUstream stream, unsigned flags);
 // the driver accepted it): the context is fenced from now on, and the stream at the next
 // fence. A fence records an event only on the streams that had work since their last one.
 void note_stream_work(CUstream stream);
+// The same, when the calling thread's current context was registered earlier in this hook
+// call (the launch hooks ask Backend::current_context_and_device before the launch, and the
+// program's launch cannot change the thread's context): no second cuCtxGetCurrent.
+void note_stream_work_in_noted_context(CUstream stream);
 // Stream capture (the capture-begin hooks, holding lock_launch_streams()): before the real
 // call, events after the work issued so far to `stream` and, for a blocking stream, to its
 // context's legacy stream join every fence until they complete (neither may be used while the
@@ -71,7 +75,8 @@ void note_current_context();
 // Returns its device (cuCtxGetDevice, asked once per context and thread until a context is
 // forgotten), -1 when the driver does not say or ctx is nullptr.
 int note_context(CUcontext ctx);
-// A kernel is being launched on `stream` (LaunchOrderScope): it is one of the recent
+// A kernel is being launched on `stream` (LaunchOrderScope; the caller has registered the
+// current context, CudaBackend::current_context_and_device): it is one of the recent
 // launching streams an eviction orders itself after.
 void note_launch_stream(CUstream stream);
 // Calls `order(waiter, s)` for each stream that launched within the last few hundred
