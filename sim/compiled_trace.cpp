@@ -207,6 +207,7 @@ std::uint32_t EventCompiler::carve_block(std::uint64_t bytes, std::uint64_t site
     check_arena(line);
     grow(arena_.top());
     shim_.add_range(kArenaBase + std::uint64_t(start) * kChunkBytes, range);
+    ct_.ranges.emplace_back(start, static_cast<std::uint32_t>(range / kChunkBytes));
     addr = shim_.allocate(bytes, site);
   }
   const std::uint32_t first = static_cast<std::uint32_t>((addr - kArenaBase) / kChunkBytes);
@@ -435,6 +436,7 @@ CompiledTrace compile_events(const EventSource& t, AllocatorView view) {
     events.add(*event);
   }
   ct.arena_chunks = events.arena_chunks();
+  std::sort(ct.ranges.begin(), ct.ranges.end());
   link_next_uses(ct);
   mark_first_touches(ct);
   return ct;

@@ -56,6 +56,18 @@ Result SimBackend::allocate_managed(std::uint64_t bytes, std::uint64_t* addr) {
   return {};
 }
 
+bool SimBackend::same_managed_allocation(std::uint64_t a, std::uint64_t b) {
+  if (a < kArenaBase || b < kArenaBase) return false;
+  const auto chunk = [](std::uint64_t addr) { return static_cast<std::uint32_t>((addr - kArenaBase) / kChunkBytes); };
+  const std::uint32_t ca = chunk(a), cb = chunk(b);
+  // The last range starting at or before a's chunk.
+  auto it = std::upper_bound(trace_.ranges.begin(), trace_.ranges.end(), ca,
+                             [](std::uint32_t c, const auto& range) { return c < range.first; });
+  if (it == trace_.ranges.begin()) return false;
+  --it;
+  return ca - it->first < it->second && cb >= it->first && cb - it->first < it->second;
+}
+
 Result SimBackend::free_managed(std::uint64_t addr) {
   auto it = live_addr_.find(addr);
   if (it == live_addr_.end()) return Result{Status::invalid_value, 0};

@@ -210,6 +210,30 @@ TEST(AllocatorView, SpillwayViewDropsAChunkOnlyWhenItsLastBlockDies) {
   EXPECT_LE(rs.sim.d2h_bytes, rn.sim.d2h_bytes);
 }
 
+// The view keeps its ranges (each one managed allocation of the shim's): tensors on adjacent
+// chunks of one range may share a move call, tensors in two ranges never, even where the
+// ranges meet.
+TEST(AllocatorView, SpillwayViewKnowsWhichTensorsShareAManagedAllocation) {
+  testing::Builder b;
+  // 22 MiB tensors: a range of 64 MiB holds two (the third does not fit), so the third opens
+  // the next range, which the arena places right after the first.
+  constexpr std::uint64_t kTensor = 22 * MiB;
+  b.alloc(1, kTensor).alloc(2, kTensor).alloc(3, kTensor).kernel("k", 1000, {1, 2, 3});
+  CompiledTrace sv = compile(b.t, AllocatorView::spillway);
+  ASSERT_EQ(sv.ranges.size(), 2u);
+  EXPECT_EQ(sv.ranges[0], (std::pair<std::uint32_t, std::uint32_t>{0, 32}));
+  EXPECT_EQ(sv.ranges[1], (std::pair<std::uint32_t, std::uint32_t>{32, 32}));
+  SimBackend backend(sv, default_params());
+  const std::uint64_t t1 = sv.blocks[0].addr, t2 = sv.blocks[1].addr, t3 = sv.blocks[2].addr;
+  EXPECT_TRUE(backend.same_managed_allocation(t1, t2 + kTensor - 1));
+  EXPECT_FALSE(backend.same_managed_allocation(t2, t3)) << "adjacent ranges are two allocations";
+  EXPECT_FALSE(backend.same_managed_allocation(t3, kArenaBase - 1));
+  CompiledTrace none = compile(b.t);
+  SimBackend separate(none, default_params());
+  EXPECT_FALSE(separate.same_managed_allocation(none.blocks[0].addr, none.blocks[0].addr))
+      << "the none view shares no ranges";
+}
+
 // Small tensors carved into one chunk move with that chunk as one driver call each way (the
 // holes and neighbours between them are inside the same range), not one call per tensor.
 TEST(AllocatorView, SpillwayViewMovesAChunkOfSmallTensorsInOneCall) {

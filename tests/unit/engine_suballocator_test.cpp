@@ -51,6 +51,15 @@ class FenceBackend final : public test_support::InstantBackend {
     return captured_addr != 0 && captured_addr < addr + bytes && addr < captured_addr + 1;
   }
   void release_fence(EventHandle) override {}
+  Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) override {
+    prefetches.push_back({addr, bytes, to});
+    return {};
+  }
+  struct Prefetch {
+    std::uint64_t addr, bytes;
+    Location to;
+  };
+  std::vector<Prefetch> prefetches;
   std::uint64_t current_context() override { return context; }
   std::uint64_t context = 0;  // the calling thread's current context, as the test sets it
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override {
@@ -71,12 +80,19 @@ class FenceBackend final : public test_support::InstantBackend {
   std::uint64_t captured_addr = 0;  // a captured kernel uses this address (a capture in progress)
 };
 
-std::unique_ptr<Engine> make_engine(FenceBackend& b, std::uint64_t max_managed = 1ull << 40) {
+std::unique_ptr<Engine> make_engine(FenceBackend& b, std::uint64_t max_managed = 1ull << 40,
+                                    std::unique_ptr<Policy> policy = make_policy("demand")) {
   Config c;
   c.max_managed = SizeSetting{max_managed, 0.0, false};
-  auto policy = make_policy("demand");
   return std::make_unique<Engine>(c, b, std::move(policy));
 }
+
+// Manages residency and prefetches nothing itself: the Engine fetches each launch's footprint.
+class FootprintOnly final : public Policy {
+ public:
+  std::string_view name() const override { return "footprint-only"; }
+  bool manages_residency() const override { return true; }
+};
 
 // Two 4 KiB blocks, one after the other (0, 0 if an allocation failed).
 std::pair<std::uint64_t, std::uint64_t> two_small_blocks(Engine& e) {
@@ -365,6 +381,41 @@ TEST(EngineSubAllocatorContexts, AnEndingContextsRangesAreFencedAndNeverDiscarde
   ASSERT_TRUE(e->release(d, std::nullopt, &ours).ok());
   e->reclaim(true);
   EXPECT_TRUE(discarded(b, d)) << "a context that did not end lost its discards";
+}
+
+// Blocks carved on adjacent chunks of one range (one managed allocation) move in one call,
+// as the driver pipelines a call across its VA blocks; blocks that are adjacent in address but
+// in two ranges (two allocations: a call may not span them) move in one call each.
+TEST(EngineSubAllocator, AdjacentBlocksOfOneRangeMoveInOneCallAndNeverAcrossRanges) {
+  FenceBackend b;
+  auto e = make_engine(b, 1ull << 40, std::make_unique<FootprintOnly>());
+  // A block of 22 MiB takes a range of 64 MiB + 2 MiB (FencedSubAllocator): three fill it, the
+  // fourth opens the next range, which the backend places right after the first.
+  constexpr std::uint64_t kBlock = 22ull << 20;
+  std::uint64_t x[4] = {};
+  for (std::uint64_t& p : x) ASSERT_TRUE(e->allocate(kBlock, AllocKind::alloc, 0, &p).ok());
+  ASSERT_EQ(b.ranges, 2u);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(x[i + 1], x[i] + kBlock) << "placed one after the other";
+  auto launch = [&, seq = std::uint64_t{0}](std::vector<Access> accesses) mutable {
+    Launch l;
+    l.seq = seq++;
+    l.name = "k";
+    l.accesses = accesses;
+    e->launch(l);
+  };
+  // x[2] and x[3] lie on adjacent chunks, but in two ranges: their run is cut between them.
+  launch({{x[2], kBlock, false}, {x[3], kBlock, false}});
+  ASSERT_EQ(b.prefetches.size(), 2u);
+  EXPECT_EQ(b.prefetches[0].addr, x[2]);
+  EXPECT_EQ(b.prefetches[0].bytes, kBlock);
+  EXPECT_EQ(b.prefetches[1].addr, x[3]);
+  EXPECT_EQ(b.prefetches[1].bytes, kBlock);
+  b.prefetches.clear();
+  launch({{x[0], kBlock, false}, {x[1], kBlock, false}});
+  ASSERT_EQ(b.prefetches.size(), 1u) << "two blocks of one range: one call";
+  EXPECT_EQ(b.prefetches[0].addr, x[0]);
+  EXPECT_EQ(b.prefetches[0].bytes, 2 * kBlock);
+  EXPECT_EQ(b.prefetches[0].to, Location::gpu);
 }
 
 }  // namespace

@@ -220,15 +220,17 @@ void Engine::fetch_policy_prefetches(DevicePlan& plan, const EngineActions& acti
 
 namespace {
 
-// The end of the run of moves that starts at moves[i]: adjacent chunks moving the same way,
-// cut where the block its moves know changes (it would be cut there anyway), so that a run
-// whose block is known needs no table look-up.
+// The end of the run of moves that starts at moves[i]: adjacent chunks moving the same way.
+// Where blocks cannot share a call (`across_blocks` false: each block its own allocation), the
+// run is cut where the block its moves know changes (it would be cut there anyway), so that a
+// run whose block is known needs no table look-up; otherwise move_pieces joins what it may.
 template <class Moves>
-std::size_t run_end(const Moves& moves, std::size_t i) {
+std::size_t run_end(const Moves& moves, std::size_t i, bool across_blocks) {
   std::size_t j = i + 1;
   const bool one_block = moves[i].end > moves[i].base;  // every move of the run knows the same block
   while (j < moves.size() && moves[j].to == moves[i].to && moves[j].chunk == moves[j - 1].chunk + 1 &&
-         (one_block ? moves[j].base == moves[i].base && moves[j].end == moves[i].end : moves[j].end <= moves[j].base)) {
+         (across_blocks || (one_block ? moves[j].base == moves[i].base && moves[j].end == moves[i].end
+                                      : moves[j].end <= moves[j].base))) {
     ++j;
   }
   return j;
@@ -253,12 +255,13 @@ void Engine::carry_out(DevicePlan& plan, const EngineActions& actions, const std
   // (Host-side order: with the driver's asynchronous copies, the shim's GPU stream also
   // waits for its host stream after evictions and discards: cuda_backend.h.)
   std::uint64_t await_frees = 0;  // frees_started() when such an eviction was dropped
+  const bool across_blocks = blocks_share_ranges();
   for (std::size_t i = 0, j = 0; i < moves.size(); i = j) {
     if (await_frees != 0 && moves[i].to == Location::gpu) {
       gate_.wait_for_frees(await_frees, std::chrono::milliseconds(20));
       await_frees = 0;
     }
-    j = run_end(moves, i);
+    j = run_end(moves, i, across_blocks);
     if (const std::uint64_t frees = move_run(plan, moves, i, j, frees_at_plan); frees != 0) await_frees = frees;
   }
 }
@@ -280,14 +283,22 @@ std::uint64_t Engine::move_run(DevicePlan& plan, const std::vector<Move>& moves,
   return move_pieces(plan, first.to, addr, end);
 }
 
+bool Engine::same_managed_allocation(std::uint64_t a, std::uint64_t b) {
+  return sub_.enabled() ? sub_.same_range_if_free(a, b) : backend_.same_managed_allocation(a, b);
+}
+
 std::uint64_t Engine::move_pieces(DevicePlan& plan, Location to, std::uint64_t addr, std::uint64_t end) {
   // One call per live block the run overlaps, clipped to it — except that the pieces of
-  // blocks in shared ranges (Block::in_shared_range) that share a chunk are one call, the
-  // holes between them included. Such a chunk lies inside one range (ranges are whole chunks
-  // inside their managed allocation: FencedSubAllocator), and each block inside one range,
-  // so the call stays inside one managed allocation, as cuMemPrefetchAsync requires (CUDA
-  // Driver API, "Unified Addressing"). A move changes where bytes are, never what they hold:
-  // the free or parked bytes of a hole lose nothing.
+  // blocks in shared ranges (Block::in_shared_range) that share a chunk, or that lie on
+  // adjacent chunks of one managed allocation, are one call, the holes between them
+  // included. A chunk lies inside one range (ranges are whole chunks inside their managed
+  // allocation: FencedSubAllocator), and each block inside one range, so the call stays
+  // inside one managed allocation, as cuMemPrefetchAsync requires (CUDA Driver API, "Unified
+  // Addressing"); the driver then pipelines copy and map across its VA blocks (UvmMigrate,
+  // nvidia-uvm uvm_migrate.c; docs/design.md, "One launch"). A hole lies in the chunks of the
+  // run, which move anyway, and a move changes where bytes are, never what they hold: the
+  // free or parked bytes of a hole lose nothing. (A chunk of the run with no live block ends
+  // the call: it is not moved.)
   std::uint64_t await_frees = 0;
   std::uint64_t call_addr = 0, call_end = 0;  // the call being built; empty while equal
   bool call_shared = false;
@@ -309,8 +320,10 @@ std::uint64_t Engine::move_pieces(DevicePlan& plan, Location to, std::uint64_t a
       addr = tail->base;
       b = tail;
     }
+    const std::uint64_t last_chunk = (call_end - 1) / kChunkBytes;
     const bool joins = call_end != call_addr && call_shared && b->in_shared_range &&
-                       (call_end - 1) / kChunkBytes == addr / kChunkBytes;
+                       (last_chunk == addr / kChunkBytes ||
+                        (last_chunk + 1 == addr / kChunkBytes && same_managed_allocation(call_addr, addr)));
     if (!joins) {
       issue();
       call_addr = addr;

@@ -248,6 +248,12 @@ bool FencedSubAllocator::contains(std::uint64_t addr) const {
   return std::any_of(contexts_.begin(), contexts_.end(), [addr](const auto& c) { return c.second.sub.contains(addr); });
 }
 
+bool FencedSubAllocator::same_range_if_free(std::uint64_t a, std::uint64_t b) const {
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  return std::any_of(contexts_.begin(), contexts_.end(), [a, b](const auto& c) { return c.second.sub.same_range(a, b); });
+}
+
 std::optional<std::uint64_t> FencedSubAllocator::state_bytes_if_free() const {
   std::unique_lock lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return std::nullopt;

@@ -84,6 +84,11 @@ std::map<std::uint64_t, SubAllocator::Range>::iterator SubAllocator::range_of(st
 
 bool SubAllocator::contains(std::uint64_t addr) const { return range_holding(ranges_, addr) != ranges_.end(); }
 
+bool SubAllocator::same_range(std::uint64_t a, std::uint64_t b) const {
+  const auto range = range_holding(ranges_, a);
+  return range != ranges_.end() && b >= range->first && b - range->first < range->second.bytes;
+}
+
 std::uint64_t SubAllocator::allocate_chunks(std::uint64_t chunks) {
   const std::optional<std::uint64_t> base = runs_.take(chunks * kChunkBytes);
   if (!base) return 0;

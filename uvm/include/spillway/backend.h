@@ -54,6 +54,14 @@ class Backend {
   // simulator's `spillway` view, which places them as the shim's sub-allocator does
   // (Block::in_shared_range). Not for the real driver: each of its allocations is its own.
   virtual bool blocks_share_ranges() { return false; }
+  // Whether `a` and `b` lie in one managed allocation, so that one prefetch may span them
+  // (cuMemPrefetchAsync takes a range inside one allocation: CUDA Driver API, "Unified
+  // Addressing"). Only asked of a Backend whose blocks share ranges; the simulator's `spillway`
+  // view answers with its ranges. Default: no (each block is its own allocation).
+  virtual bool same_managed_allocation(std::uint64_t a, std::uint64_t b) {
+    (void)a, (void)b;
+    return false;
+  }
 
   // Moves [addr, addr+bytes) to `to` on the Backend's own copy stream for that direction
   // (cuMemPrefetchAsync). Asynchronous.

@@ -439,8 +439,15 @@ class Engine {
   std::uint64_t move_run(DevicePlan& plan, const std::vector<Move>& moves, std::size_t i, std::size_t j,
                          std::uint64_t frees_at_plan);
   // move_run's walk of the table over [addr, end): one call per live block, or per stretch
-  // of blocks in shared ranges that share chunks. Returns as move_run does.
+  // of blocks in shared ranges that share chunks or lie on adjacent chunks of one managed
+  // allocation. Returns as move_run does.
   std::uint64_t move_pieces(DevicePlan& plan, Location to, std::uint64_t addr, std::uint64_t end);
+  // Blocks carved from shared ranges (Block::in_shared_range) may share one call: the shim's
+  // sub-allocator, or a Backend that places blocks as it does.
+  bool blocks_share_ranges() { return sub_.enabled() || backend_.blocks_share_ranges(); }
+  // `a` and `b` lie in one managed allocation (one of the sub-allocator's ranges, or the
+  // Backend's; false when that cannot be told without waiting).
+  bool same_managed_allocation(std::uint64_t a, std::uint64_t b);
   // A Policy's action, sent inside IssueSections, one piece per live block its range
   // overlaps (clipped to the block). `plan`: the plan whose counters its moves count in
   // (nullptr: none).

@@ -65,6 +65,10 @@ class FencedSubAllocator {
 
   // Whether `addr` lies in one of the ranges (a live block or not).
   bool contains(std::uint64_t addr) const;
+  // Whether `a` and `b` lie in one range, i.e. one managed allocation (SubAllocator::same_range);
+  // false too when its lock is taken now: it never waits (its lock may be held across a fence
+  // wait), and the caller then moves them as two calls.
+  bool same_range_if_free(std::uint64_t a, std::uint64_t b) const;
   // The room the program may allocate again: the ranges' free space and the blocks parked in
   // them. O(ranges parked).
   std::uint64_t reusable_bytes() const;

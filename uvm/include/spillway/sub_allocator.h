@@ -75,6 +75,8 @@ class SubAllocator {
 
   // Whether `addr` lies in one of the ranges.
   bool contains(std::uint64_t addr) const;
+  // Whether `a` and `b` lie in one range (one managed allocation of the Backend's). O(log ranges).
+  bool same_range(std::uint64_t a, std::uint64_t b) const;
   std::uint64_t range_bytes() const { return range_total_; }
   std::uint64_t allocated_bytes() const { return allocated_; }  // footprints of live blocks
   std::size_t ranges() const { return ranges_.size(); }

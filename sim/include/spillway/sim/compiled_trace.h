@@ -99,6 +99,9 @@ struct CompiledTrace {
   SpillArray<ChunkTouch> touches;     // per kernel: the chunks (GPU view)
   std::vector<std::string> names;     // distinct kernel names
   std::uint32_t arena_chunks = 0;      // relative chunk indices are < arena_chunks
+  // `spillway`: the sub-allocator's ranges, each one managed allocation, as (first chunk,
+  // chunks), relative, by address (never freed: the view keeps its ranges to the end).
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> ranges;
   std::uint64_t peak_bytes = 0;        // max over time of the trace's live blocks rounded up to 2 MiB
                                        // chunks (the same in every view)
   std::uint64_t segment_bytes = 0;     // `pytorch`: the bytes of all segments (never freed)

@@ -84,6 +84,8 @@ class SimBackend final : public Backend {
   // Returns the address the compiled trace placed the next block at (expect_block()).
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override;
   bool blocks_share_ranges() override { return trace_.allocator == AllocatorView::spillway; }
+  // (`spillway`) Both in one of the compiled trace's ranges. O(log ranges).
+  bool same_managed_allocation(std::uint64_t a, std::uint64_t b) override;
   // Drops the block's chunks that no other live block holds, at no cost (its data is dead).
   Result free_managed(std::uint64_t addr) override;
   // Issued now(): toward the GPU on the H2D engine, toward the CPU on the D2H engine.
