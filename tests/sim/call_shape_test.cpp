@@ -58,7 +58,9 @@ TEST(CallShape, NoCallMovesFasterThanThePeakRate) {
       const double peak = peak_bytes_per_s(l, to);
       const double bw = to == Location::gpu ? l.h2d_bytes_per_s : l.d2h_bytes_per_s;
       EXPECT_GE(peak, bw) << l.name;
-      if (shape(l, to).empty()) EXPECT_EQ(peak, bw) << l.name;
+      if (shape(l, to).empty()) {
+        EXPECT_EQ(peak, bw) << l.name;
+      }
       for (std::uint64_t b = 4096; b <= (64ull << 30); b = b * 5 / 4 + 4096) {
         EXPECT_GE(call_ns(l, to, b) * (1 + 1e-12), static_cast<double>(b) * 1e9 / peak) << l.name << " " << b << " bytes";
       }

@@ -151,7 +151,10 @@ inline Builder random_trace(std::uint64_t seed, const RandomShape& shape) {
 // with a GPU of `capacity_chunks` chunks.
 inline SimParams slow_link(std::uint64_t capacity_chunks) {
   SimParams p = default_params();
-  p.link = LinkProfile{.name = "test", .h2d_bytes_per_s = 2097152e3, .d2h_bytes_per_s = 2097152e3, .fault_batch_ns = 10'000};
+  p.link = LinkProfile{};
+  p.link.name = "test";
+  p.link.h2d_bytes_per_s = p.link.d2h_bytes_per_s = 2097152e3;
+  p.link.fault_batch_ns = 10'000;
   p.fault_slowdown = 2.0;
   p.capacity_bytes = capacity_chunks * kChunkBytes;
   return p;
