@@ -28,16 +28,13 @@
 #include "policy_registry.h"
 #include "helper_scripts.h"
 #include "sweep_report.h"
+#include "sweep_shard.h"
 
 namespace spillway::cli {
 
 namespace {
 
 namespace fs = std::filesystem;
-
-struct UsageError {
-  std::string message;
-};
 
 struct CapacitySpec {
   std::string text;
@@ -105,7 +102,7 @@ struct SimCommands::Options {
   std::vector<std::string> capacities;
   std::vector<std::string> allocators;
   std::string link;  // comma-separated; empty: sweep pcie5,h200, replay pcie5
-  std::string csv, plot, timeline, calls;
+  std::string csv, plot, timeline, calls, shard;
   bool breakdown = false;
   int jobs = 0;
   bool quiet = false;
@@ -119,6 +116,10 @@ struct SimCommands::Options {
   std::string state_memory;
   // replay
   std::string replay_trace, replay_policy, replay_capacity;
+  // merge
+  CLI::App* merge = nullptr;
+  std::vector<std::string> merge_inputs;
+  std::string merge_csv;
 
   void add_model_options(CLI::App* cmd) {
     cmd->add_option("--link", link,
@@ -258,7 +259,14 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.sweep->add_flag("--recommend", o.recommend,
                     "after the table, per trace: the policy fastest in most of its capacities, as a --policy value for "
                     "spillway run");
+  o.sweep->add_option("--shard", o.shard,
+                      "run only part K of N of the cells (K/N: each job of an array runs one; spillway merge joins their "
+                      "CSVs) [1/1]");
   o.add_model_options(o.sweep);
+
+  o.merge = app.add_subcommand("merge", "Join the CSVs of a sweep run in parts (spillway sweep --shard K/N), given in order 1..N.");
+  o.merge->add_option("csvs", o.merge_inputs, "the parts' CSVs, in order")->required();
+  o.merge->add_option("--csv", o.merge_csv, "write the whole sweep's CSV to FILE")->required();
 
   o.replay = app.add_subcommand("replay", "Simulate one trace under one policy at one capacity; optionally write a timeline.");
   o.replay->add_option("trace", o.replay_trace, "trace file")->required();
@@ -276,7 +284,7 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
 
 SimCommands::~SimCommands() = default;
 
-bool SimCommands::parsed() const { return o_->sweep->parsed() || o_->replay->parsed(); }
+bool SimCommands::parsed() const { return o_->sweep->parsed() || o_->replay->parsed() || o_->merge->parsed(); }
 
 namespace {
 
@@ -365,6 +373,11 @@ int run_replay(SimCommands::Options& o);
 
 int SimCommands::run() {
   try {
+    if (o_->merge->parsed()) {
+      const std::size_t rows = merge_sweep_csvs(o_->merge_inputs, o_->merge_csv, sweep_csv_header());
+      std::cout << fmt::format("merged {} rows from {} files into {}\n", rows, o_->merge_inputs.size(), o_->merge_csv);
+      return 0;
+    }
     return o_->sweep->parsed() ? run_sweep(*o_) : run_replay(*o_);
   } catch (const UsageError& e) {
     std::cerr << "spillway: " << e.message << '\n';
@@ -392,6 +405,13 @@ struct SweepPlan {
   unsigned jobs = 1;
   bool progress = false;
   std::vector<sim::AllocatorView> views;
+  // The groups (trace, link, capacity, view) this run simulates, [first_group, end_group) in
+  // table order (--shard; sweep_shard.h).
+  std::size_t first_group = 0, end_group = 0;
+  std::size_t groups_per_trace() const { return links.size() * caps.size() * views.size(); }
+  bool runs_trace(std::size_t t) const {
+    return t * groups_per_trace() < end_group && (t + 1) * groups_per_trace() > first_group;
+  }
 };
 
 // Refuses, before a long run, an output path that cannot be opened for writing.
@@ -430,6 +450,7 @@ SweepPlan plan_sweep(const SimCommands::Options& o) {
   plan.jobs = o.jobs > 0 ? static_cast<unsigned>(o.jobs) : std::max(1u, std::thread::hardware_concurrency());
   plan.progress = !o.quiet && isatty(STDERR_FILENO);
   plan.views = parse_views(o.allocators);
+  std::tie(plan.first_group, plan.end_group) = shard_groups(parse_shard(o.shard), o.traces.size() * plan.groups_per_trace());
   return plan;
 }
 
@@ -452,6 +473,7 @@ int compile_traces(const std::vector<std::string>& paths, const SweepPlan& plan,
   std::atomic<std::size_t> next{0};
   auto work = [&] {
     for (std::size_t i; (i = next++) < paths.size();) {
+      if (!plan.runs_trace(i)) continue;  // (another shard's)
       try {
         // (Each view streams the file: the events are never all in memory.)
         out.truth[i] = std::make_unique<sim::CompiledTrace>(sim::compile_file(paths[i]));
@@ -492,8 +514,11 @@ class CellRunner {
     for (std::size_t t = 0; t < n; ++t)
       for (std::size_t l = 0; l < links; ++l)
         for (std::size_t c = 0; c < caps; ++c)
-          for (std::size_t v = 0; v < views; ++v)
+          for (std::size_t v = 0; v < views; ++v) {
+            const std::size_t group = ((t * links + l) * caps + c) * views + v;
+            if (group < plan.first_group || group >= plan.end_group) continue;
             for (std::size_t p = 0; p < plan.policies.size(); ++p) cells_.push_back({t, l, v, c, p});
+          }
     bounds_ = std::vector<sim::LowerBound>(n * links * caps);
     view_bounds_ = std::vector<sim::LowerBound>(n * links * caps * views);
     bound_once_ = std::vector<std::once_flag>(n * links * caps);
@@ -580,35 +605,6 @@ std::vector<sim::CellResult> CellRunner::run() {
   return std::move(results_);
 }
 
-// Plots the CSV at `csv` to o.plot with scripts/plot_sweep.py; removes `tmp_csv` (when not
-// empty) once the script has run.
-void plot_sweep(const SimCommands::Options& o, const std::string& csv, const std::string& tmp_csv) {
-  std::string script = find_helper_script("plot_sweep.py", "SPILLWAY_PLOT_SCRIPT");
-  if (script.empty()) throw std::runtime_error("cannot find scripts/plot_sweep.py (set SPILLWAY_PLOT_SCRIPT)");
-  const std::string python = helper_python();
-  std::string cmd = fmt::format("{} {} {} {}", shell_quote(python), shell_quote(script), shell_quote(csv), shell_quote(o.plot));
-  int rc = std::system(cmd.c_str());
-  if (!tmp_csv.empty()) fs::remove(tmp_csv);
-  if (rc != 0) {  // (the script said why on stderr; the table and the CSV are written)
-    throw std::runtime_error(fmt::format("--plot {}: {} {} failed (its message is above)", o.plot, python, script));
-  }
-  std::cout << "plot: " << o.plot << '\n';
-}
-
-// The CSV (--csv, or a temporary one for --plot) and the plot.
-void write_sweep_files(const SimCommands::Options& o, const std::vector<sim::CellResult>& results,
-                       const std::vector<double>& speedups) {
-  std::string csv = o.csv;
-  std::string tmp_csv;
-  if (!o.plot.empty() && csv.empty()) {
-    tmp_csv = (fs::temp_directory_path() / fmt::format("spillway-sweep-{}.csv", getpid())).string();
-    csv = tmp_csv;
-  }
-  if (!csv.empty()) write_csv(csv, results, speedups);
-  if (!o.csv.empty()) std::cout << "CSV: " << o.csv << '\n';
-  if (!o.plot.empty()) plot_sweep(o, csv, tmp_csv);
-}
-
 int run_sweep(SimCommands::Options& o) {
   auto start = std::chrono::steady_clock::now();
   const SweepPlan plan = plan_sweep(o);
@@ -632,7 +628,7 @@ int run_sweep(SimCommands::Options& o) {
                            runner.cells(), names, wall, plan.jobs);
   print_best(std::cout, results, speedups);
   if (o.recommend) print_recommendations(std::cout, results);
-  write_sweep_files(o, results, speedups);
+  write_sweep_files(o.csv, o.plot, results, speedups);
   return 0;
 }
 

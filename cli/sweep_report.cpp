@@ -1,11 +1,18 @@
 #include "sweep_report.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
 #include <map>
+#include <stdexcept>
 #include <tuple>
 
 #include <fmt/format.h>
 
+#include "helper_scripts.h"
 #include "policy_registry.h"
 #include "spillway/output_file.h"
 #include "spillway/size.h"
@@ -148,14 +155,21 @@ void print_recommendations(std::ostream& out, const std::vector<sim::CellResult>
   }
 }
 
-void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups) {
-  OutputFile out(path);
+const std::string& sweep_csv_header() {
   // bound_ns: the two-direction bound (spillway/sim/bound.h); h2d_bound_ns: the bound before
   // it, max(compute, MIN_H2D / B_h2d); cut_bound_ns: the cut bound alone.
-  out.write("trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
-            "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns,h2d_call_bytes_median,h2d_call_bytes_p90,"
-            "d2h_call_bytes_median,d2h_call_bytes_p90,h2d_calls_per_launch,policy_params,speedup_vs_demand,"
-            "slowdown_vs_unlimited\n");
+  static const std::string header =
+      "trace,policy,allocator,link,capacity_bytes,capacity_frac,time_ns,compute_ns,bound_ns,h2d_bytes,d2h_bytes,faults,"
+      "prefetch_bytes,prefetch_used_bytes,h2d_bound_ns,cut_bound_ns,h2d_call_bytes_median,h2d_call_bytes_p90,"
+      "d2h_call_bytes_median,d2h_call_bytes_p90,h2d_calls_per_launch,policy_params,speedup_vs_demand,"
+      "slowdown_vs_unlimited";
+  return header;
+}
+
+void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups) {
+  OutputFile out(path);
+  out.write(sweep_csv_header());
+  out.write("\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const sim::CellResult& r = rows[i];
     // (policy and policy_params hold commas when tunables are given: quoted, RFC 4180.)
@@ -171,6 +185,38 @@ void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows
                           csv_field(r.policy_params), field(speedups[i]), field(slowdown_vs_unlimited(r))));
   }
   out.close();
+}
+
+namespace {
+
+// Plots the CSV at `csv` to `plot` with scripts/plot_sweep.py; removes `tmp_csv` (when not
+// empty) once the script has run.
+void plot_sweep(const std::string& plot, const std::string& csv, const std::string& tmp_csv) {
+  std::string script = find_helper_script("plot_sweep.py", "SPILLWAY_PLOT_SCRIPT");
+  if (script.empty()) throw std::runtime_error("cannot find scripts/plot_sweep.py (set SPILLWAY_PLOT_SCRIPT)");
+  const std::string python = helper_python();
+  std::string cmd = fmt::format("{} {} {} {}", shell_quote(python), shell_quote(script), shell_quote(csv), shell_quote(plot));
+  int rc = std::system(cmd.c_str());
+  if (!tmp_csv.empty()) std::filesystem::remove(tmp_csv);
+  if (rc != 0) {  // (the script said why on stderr; the table and the CSV are written)
+    throw std::runtime_error(fmt::format("--plot {}: {} {} failed (its message is above)", plot, python, script));
+  }
+  std::cout << "plot: " << plot << '\n';
+}
+
+}  // namespace
+
+void write_sweep_files(const std::string& csv_path, const std::string& plot, const std::vector<sim::CellResult>& results,
+                       const std::vector<double>& speedups) {
+  std::string csv = csv_path;
+  std::string tmp_csv;
+  if (!plot.empty() && csv.empty()) {
+    tmp_csv = (std::filesystem::temp_directory_path() / fmt::format("spillway-sweep-{}.csv", getpid())).string();
+    csv = tmp_csv;
+  }
+  if (!csv.empty()) write_csv(csv, results, speedups);
+  if (!csv_path.empty()) std::cout << "CSV: " << csv_path << '\n';
+  if (!plot.empty()) plot_sweep(plot, csv, tmp_csv);
 }
 
 }  // namespace spillway::cli

@@ -41,6 +41,16 @@ void print_best(std::ostream& out, const std::vector<sim::CellResult>& rows, con
 //   recommended for T (none, pcie5): spillway run --policy 'learned' (fastest at 2 of 2 capacities)
 void print_recommendations(std::ostream& out, const std::vector<sim::CellResult>& rows);
 
+// The files a sweep writes: the CSV to `csv` (when not empty) and, with `plot` not empty, the
+// plot of it (scripts/plot_sweep.py; from a temporary CSV when `csv` is empty), each named on
+// standard output. Throws std::runtime_error when a file cannot be written or the plot script
+// is missing or fails (its own message is on stderr).
+void write_sweep_files(const std::string& csv, const std::string& plot, const std::vector<sim::CellResult>& results,
+                       const std::vector<double>& speedups);
+
+// The CSV's first line (its column names), without the newline.
+const std::string& sweep_csv_header();
+
 // The CSV (columns: docs/simulator.md). Throws std::runtime_error "cannot write PATH:
 // REASON" (OutputFile) on any failure.
 void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups);
