@@ -264,10 +264,6 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
                       "CSVs) [1/1]");
   o.add_model_options(o.sweep);
 
-  o.merge = app.add_subcommand("merge", "Join the CSVs of a sweep run in parts (spillway sweep --shard K/N), given in order 1..N.");
-  o.merge->add_option("csvs", o.merge_inputs, "the parts' CSVs, in order")->required();
-  o.merge->add_option("--csv", o.merge_csv, "write the whole sweep's CSV to FILE")->required();
-
   o.replay = app.add_subcommand("replay", "Simulate one trace under one policy at one capacity; optionally write a timeline.");
   o.replay->add_option("trace", o.replay_trace, "trace file")->required();
   o.replay->add_option("--policy", o.replay_policy, "policy: NAME or NAME:KEY=VALUE[,KEY=VALUE...] [demand]");
@@ -280,6 +276,10 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.replay->add_flag("--breakdown", o.breakdown,
                      "print the time by what was busy (compute alone, H2D alone, D2H alone, overlaps); keeps the timeline in memory");
   o.add_model_options(o.replay);
+
+  o.merge = app.add_subcommand("merge", "Join the CSVs of a sweep run in parts (spillway sweep --shard K/N), given in order 1..N.");
+  o.merge->add_option("csvs", o.merge_inputs, "the parts' CSVs, in order")->required();
+  o.merge->add_option("--csv", o.merge_csv, "write the whole sweep's CSV to FILE")->required();
 }
 
 SimCommands::~SimCommands() = default;

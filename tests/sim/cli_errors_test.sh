@@ -26,7 +26,7 @@ expect() {
   fi
 }
 
-commands="run, info, sweep, replay, policies, trace"
+commands="run, info, sweep, replay, merge, policies, trace"
 expect "spillway: unknown command 'frobnicate'; the commands are $commands" frobnicate
 expect "spillway: unknown command 'sweeep' (did you mean sweep?); the commands are $commands" sweeep x
 expect "spillway: a command is required: $commands (spillway --help)"
