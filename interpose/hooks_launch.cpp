@@ -202,9 +202,12 @@ class Observation {
     l.now_ns = interpose::steady_now_ns();
     // One cuCtxGetCurrent for the whole hook: the context is registered for the fences here
     // (note_context, its device from the thread's cache), so neither the launching streams'
-    // note nor the work noted after the launch asks the driver again.
-    l.device = interpose::backend_instance().current_context_and_device().device;
-    context_noted_ = true;
+    // note nor the work noted after the launch asks the driver again. (No context yet: the
+    // runtime may make its primary context current inside the launch, so the work noted
+    // after it asks again and registers that one.)
+    const Backend::ContextAndDevice current = interpose::backend_instance().current_context_and_device();
+    l.device = current.device;
+    context_noted_ = current.context != 0;
     // Fault feedback (cupti_feedback.h): started before the first launch the Engine plans,
     // outside its lock; the kernel's CUPTI record is tied to l.seq while it is issued.
     if (e->wants_fault_feedback() && interpose::backend_instance().start_fault_feedback()) bracketed_ = true;

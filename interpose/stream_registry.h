@@ -46,8 +46,9 @@ void note_stream_created(CUstream stream, unsigned flags);
 // fence. A fence records an event only on the streams that had work since their last one.
 void note_stream_work(CUstream stream);
 // The same, when the calling thread's current context was registered earlier in this hook
-// call (the launch hooks ask Backend::current_context_and_device before the launch, and the
-// program's launch cannot change the thread's context): no second cuCtxGetCurrent.
+// call (the launch hooks ask Backend::current_context_and_device before the launch, and a
+// launch in a context cannot change the thread's context; a thread with none then asks
+// note_stream_work instead): no second cuCtxGetCurrent.
 void note_stream_work_in_noted_context(CUstream stream);
 // Stream capture (the capture-begin hooks, holding lock_launch_streams()): before the real
 // call, events after the work issued so far to `stream` and, for a blocking stream, to its
