@@ -10,6 +10,12 @@
 
 namespace spillway::cli {
 
+// A malformed command line or input the command refuses: the one line to print after
+// "spillway: " (exit status 2). Thrown by the commands, caught where they are run.
+struct UsageError {
+  std::string message;
+};
+
 // The line to print ("spillway ...", without a newline) for `e`, thrown by
 // `app.parse(args)`; empty where CLI11's own message is the right one (--help, --version, a
 // value a validator refused). `args`: the command line less argv[0]. Thread safety: reads

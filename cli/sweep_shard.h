@@ -10,17 +10,13 @@
 #pragma once
 
 #include <cstddef>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
-namespace spillway::cli {
+#include "parse_errors.h"  // UsageError
 
-// A malformed command line: the one line to print after "spillway: " (exit status 2).
-struct UsageError {
-  std::string message;
-};
+namespace spillway::cli {
 
 // Part `index` (1-based) of `count`.
 struct Shard {
