@@ -249,8 +249,8 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.sweep->add_option("--allocator", o.allocators,
                       "allocator views, comma-separated: none (one block per trace id), pytorch (PyTorch's caching "
                       "allocator: segments, pointers into them, no frees), spillway (per-tensor mode over the shim's "
-                      "sub-allocator: exact extents, small tensors sharing chunks), pytorch-exact (pytorch with the tensors' "
-                      "true extents: the ceiling of extent learning) [none]")
+                      "sub-allocator: exact extents, small tensors sharing chunks), pytorch-exact (pytorch with true extents: "
+                      "the ceiling of extent learning), pytorch-tracked (pytorch with PyTorch's allocator trace) [none]")
       ->delimiter(',');
   o.sweep->add_option("--csv", o.csv, "write the results as CSV to FILE");
   o.sweep->add_option("--plot", o.plot, "plot the speed-up over demand and time / bound against capacity to FILE.png or FILE.svg (matplotlib)");
@@ -268,7 +268,7 @@ SimCommands::SimCommands(CLI::App& app) : o_(std::make_unique<Options>()) {
   o.replay->add_option("trace", o.replay_trace, "trace file")->required();
   o.replay->add_option("--policy", o.replay_policy, "policy: NAME or NAME:KEY=VALUE[,KEY=VALUE...] [demand]");
   o.replay->add_option("--capacity", o.replay_capacity, "GPU capacity: fraction of the peak, percentage or size [0.5]");
-  o.replay->add_option("--allocator", o.allocators, "allocator view: none, pytorch, spillway or pytorch-exact [none]");
+  o.replay->add_option("--allocator", o.allocators, "allocator view: none, pytorch, spillway, pytorch-exact or pytorch-tracked [none]");
   o.replay->add_option("--timeline", o.timeline, "write a Chrome/Perfetto trace-event timeline (JSON) to FILE");
   o.replay->add_option("--calls", o.calls,
                        "write the Engine's move calls to FILE, one JSON object a line, for spillway-linkbench --schedule "
@@ -319,7 +319,7 @@ std::vector<sim::AllocatorView> parse_views(const std::vector<std::string>& text
   std::vector<sim::AllocatorView> views;
   for (const std::string& t : split(texts)) {
     auto v = sim::parse_allocator_view(t);
-    if (!v) throw UsageError{fmt::format("unknown allocator view '{}': expected none, pytorch, spillway or pytorch-exact", t)};
+    if (!v) throw UsageError{fmt::format("unknown allocator view '{}': expected none, pytorch, spillway, pytorch-exact or pytorch-tracked", t)};
     if (std::find(views.begin(), views.end(), *v) == views.end()) views.push_back(*v);
   }
   if (views.empty()) views.push_back(sim::AllocatorView::none);

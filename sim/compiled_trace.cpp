@@ -68,6 +68,7 @@ const char* to_string(AllocatorView view) {
     case AllocatorView::pytorch: return "pytorch";
     case AllocatorView::pytorch_exact: return "pytorch-exact";
     case AllocatorView::spillway: return "spillway";
+    case AllocatorView::pytorch_tracked: return "pytorch-tracked";
     case AllocatorView::none: break;
   }
   return "none";
@@ -78,6 +79,7 @@ std::optional<AllocatorView> parse_allocator_view(const std::string& text) {
   if (text == "pytorch") return AllocatorView::pytorch;
   if (text == "pytorch-exact") return AllocatorView::pytorch_exact;
   if (text == "spillway") return AllocatorView::spillway;
+  if (text == "pytorch-tracked") return AllocatorView::pytorch_tracked;
   return std::nullopt;
 }
 
@@ -126,7 +128,8 @@ class EventCompiler {
         ct_(ct),
         segments_(view == AllocatorView::pytorch || view == AllocatorView::pytorch_exact),
         exact_(view == AllocatorView::pytorch_exact),
-        carved_(view == AllocatorView::spillway) {}
+        carved_(view == AllocatorView::spillway),
+        tracked_(view == AllocatorView::pytorch_tracked) {}
 
   void add(const trace::Event& e) {
     switch (e.kind) {
@@ -148,6 +151,8 @@ class EventCompiler {
 
   void add_alloc(const trace::Event& e);
   std::uint32_t add_tensor(const trace::Event& e);
+  std::uint32_t add_tracked_tensor(const trace::Event& e);
+  std::uint32_t add_shared_block(std::uint64_t addr, std::uint64_t bytes);
   void add_free(const trace::Event& e);
   void add_kernel(const trace::Event& e);
   void add_range(const trace::Range& r, bool write, KernelDraft& k);
@@ -164,11 +169,13 @@ class EventCompiler {
   const bool segments_;  // `pytorch`, `pytorch-exact`: the blocks are the framework's segments
   const bool exact_;     // the tensors' true ranges, not the scan's guess
   const bool carved_;    // `spillway`
-  PytorchCachingAllocator framework_;  // (`pytorch`)
+  const bool tracked_;   // `pytorch-tracked`: the framework's placement, every tensor a block
+  PytorchCachingAllocator framework_;  // (`pytorch`, `pytorch-tracked`)
   SubAllocator shim_;                  // (`spillway`): the shim's sub-allocator over arena ranges
-  std::vector<std::uint32_t> chunk_live_;  // (`spillway`) per chunk: live blocks on it
-  std::unordered_map<std::uint64_t, Tensor> tensors_;  // trace id -> placement (`pytorch`)
-  std::vector<std::uint32_t> segment_seq_;             // segment -> its block (alloc sequence)
+  std::vector<std::uint32_t> chunk_live_;  // (`spillway`, `pytorch-tracked`) per chunk: live blocks on it
+  std::unordered_map<std::uint64_t, Tensor> tensors_;  // trace id -> placement (`pytorch`, `pytorch-tracked`)
+  std::vector<std::uint32_t> segment_seq_;             // (`pytorch`) segment -> its block (alloc sequence)
+  std::vector<std::uint64_t> segment_addr_;            // (`pytorch-tracked`) segment -> its address
   std::vector<ArgumentHit> hits_;                      // a kernel's pointers (`pytorch`)
   ChunkAllocator arena_;
   std::unordered_map<std::uint64_t, std::uint32_t> live_;  // trace id -> alloc sequence
@@ -210,6 +217,12 @@ std::uint32_t EventCompiler::carve_block(std::uint64_t bytes, std::uint64_t site
     ct_.ranges.emplace_back(start, static_cast<std::uint32_t>(range / kChunkBytes));
     addr = shim_.allocate(bytes, site);
   }
+  return add_shared_block(addr, bytes);
+}
+
+// (`spillway`, `pytorch-tracked`) A block at `addr` that may share its end chunks with other
+// live blocks: fresh only where every chunk it lies on was free of live blocks.
+std::uint32_t EventCompiler::add_shared_block(std::uint64_t addr, std::uint64_t bytes) {
   const std::uint32_t first = static_cast<std::uint32_t>((addr - kArenaBase) / kChunkBytes);
   const std::uint32_t last = static_cast<std::uint32_t>((addr + bytes - 1 - kArenaBase) / kChunkBytes);
   const std::uint32_t seq = static_cast<std::uint32_t>(ct_.blocks.size());
@@ -242,6 +255,8 @@ void EventCompiler::add_alloc(const trace::Event& e) {
   ct_.peak_bytes = std::max(ct_.peak_bytes, live_chunk_bytes_);
   if (carved_) {
     live_[e.id] = carve_block(e.bytes, std::hash<std::string>{}(e.site), e.line);
+  } else if (tracked_) {
+    live_[e.id] = add_tracked_tensor(e);
   } else if (!segments_) {
     live_[e.id] = place_block(e.bytes, e.line);
   } else {
@@ -265,6 +280,29 @@ std::uint32_t EventCompiler::add_tensor(const trace::Event& e) {
   return segment_seq_[tensor.place.segment];
 }
 
+// (`pytorch-tracked`) A tensor the framework's cache places in a segment, as under
+// `pytorch`, seen by the Engine as a block of its own (the tracker's ALLOC reports the
+// request's address and size: c10/cuda/CUDACachingAllocator.cpp, record_trace in malloc).
+// Each segment is one managed allocation (a range); segments are never freed.
+std::uint32_t EventCompiler::add_tracked_tensor(const trace::Event& e) {
+  Tensor tensor;
+  tensor.place = framework_.allocate(e.bytes);
+  tensor.bytes = e.bytes;
+  if (tensor.place.new_segment) {
+    const std::uint64_t seg_bytes = framework_.segments()[tensor.place.segment];
+    const std::uint32_t chunks = static_cast<std::uint32_t>(seg_bytes / kChunkBytes);
+    const std::uint32_t start = arena_.allocate(chunks);
+    check_arena(e.line);
+    grow(arena_.top());
+    ct_.ranges.emplace_back(start, chunks);
+    segment_addr_.push_back(kArenaBase + std::uint64_t(start) * kChunkBytes);
+    ct_.segment_bytes += seg_bytes;
+  }
+  tensor.addr = segment_addr_[tensor.place.segment] + tensor.place.offset;
+  tensors_[e.id] = tensor;
+  return add_shared_block(tensor.addr, e.bytes);
+}
+
 void EventCompiler::add_free(const trace::Event& e) {
   auto it = live_.find(e.id);  // the Reader guarantees it is live
   const std::uint64_t freed = segments_ ? tensors_.at(e.id).bytes : ct_.blocks[it->second].bytes;
@@ -277,8 +315,15 @@ void EventCompiler::add_free(const trace::Event& e) {
     return;
   }
   const BlockPlacement& b = ct_.blocks[it->second];
-  if (carved_) {  // reusable at once; an emptied slab goes back to the chunks at once
-    if (const std::uint64_t slab = shim_.free(b.addr, b.bytes); slab != 0) shim_.release_slab(slab);
+  if (tracked_) {  // back to the framework's cache (reusable at once); the tracker reports it
+    auto tt = tensors_.find(e.id);
+    framework_.free(tt->second.place);
+    tensors_.erase(tt);
+  }
+  if (carved_ || tracked_) {  // reusable at once; an emptied slab goes back to the chunks at once
+    if (carved_) {
+      if (const std::uint64_t slab = shim_.free(b.addr, b.bytes); slab != 0) shim_.release_slab(slab);
+    }
     for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) --chunk_live_[c];
   } else {
     arena_.release(b.first_chunk, b.chunks);

@@ -250,6 +250,62 @@ TEST(AllocatorView, SpillwayViewMovesAChunkOfSmallTensorsInOneCall) {
   (void)rn;
 }
 
+// `pytorch-tracked`: the cache's placement (the same addresses as `pytorch`), each segment one
+// managed allocation, and in it every tensor a block with its true extent and its free.
+TEST(AllocatorView, PytorchTrackedViewSeesEveryTensorInsideTheCachesSegments) {
+  testing::Builder b;
+  b.alloc(1, 100 * KiB).alloc(2, 100 * KiB).alloc(3, 5 * MiB).kernel("k", 1000, {1, 2, 3}).free(1).alloc(4, 90 * KiB).kernel(
+      "k", 1000, {2, 4});
+  CompiledTrace none = compile(b.t), pt = compile(b.t, AllocatorView::pytorch);
+  CompiledTrace tr = compile(b.t, AllocatorView::pytorch_tracked);
+  EXPECT_EQ(parse_allocator_view("pytorch-tracked"), AllocatorView::pytorch_tracked);
+  EXPECT_EQ(to_string(tr.allocator), std::string("pytorch-tracked"));
+  EXPECT_EQ(tr.peak_bytes, none.peak_bytes);
+  EXPECT_EQ(tr.segment_bytes, pt.segment_bytes) << "the same segments: 2 MiB small, 20 MiB large";
+  ASSERT_EQ(tr.ranges.size(), 2u) << "each segment one managed allocation";
+  EXPECT_EQ(tr.ranges[0].second, 1u);
+  EXPECT_EQ(tr.ranges[1].second, 10u);
+  ASSERT_EQ(tr.blocks.size(), 4u) << "one block per tensor";
+  // The addresses PyTorch's cache gives: 1 and 2 side by side in the small segment, 4 in 1's
+  // freed block (best fit), 3 at the large segment's base.
+  const std::uint64_t small = kArenaBase + std::uint64_t(tr.ranges[0].first) * kChunkBytes;
+  const std::uint64_t large = kArenaBase + std::uint64_t(tr.ranges[1].first) * kChunkBytes;
+  EXPECT_EQ(tr.blocks[0].addr, small);
+  EXPECT_EQ(tr.blocks[1].addr, small + 100 * KiB);
+  EXPECT_EQ(tr.blocks[2].addr, large);
+  EXPECT_EQ(tr.blocks[3].addr, small) << "the cache reuses tensor 1's block";
+  EXPECT_EQ(tr.blocks[3].bytes, 90 * KiB) << "the request's size, as the tracker's ALLOC reports it";
+  EXPECT_TRUE(tr.blocks[0].fresh);
+  EXPECT_FALSE(tr.blocks[1].fresh) << "tensor 2 shares tensor 1's chunk";
+  EXPECT_FALSE(tr.blocks[3].fresh) << "tensor 2 still lives on that chunk";
+  EXPECT_EQ(std::count_if(tr.ops.begin(), tr.ops.end(), [](const Op& o) { return o.kind == Op::Kind::free; }), 1)
+      << "the tracker reports the free";
+  const KernelRecord& k2 = tr.kernels[1];
+  ASSERT_EQ(k2.access_end - k2.access_begin, 2u);
+  EXPECT_EQ(tr.accesses[k2.access_begin].addr, small + 100 * KiB);
+  EXPECT_EQ(tr.accesses[k2.access_begin].bytes, 100 * KiB) << "exact extents, not the scan's guess";
+  EXPECT_EQ(tr.accesses[k2.access_begin + 1].bytes, 90 * KiB);
+}
+
+TEST(AllocatorView, PytorchTrackedViewDropsDeadChunksAndKeepsLearnedNearItsNoneTime) {
+  testing::Builder b;
+  for (int it = 0; it < 6; ++it) {
+    const std::uint64_t id = 10 * it;
+    b.alloc(id + 1, 3 * MiB).alloc(id + 2, 3 * MiB).alloc(id + 3, 30 * MiB);
+    b.kernel("fwd", 200000, {id + 1, id + 3}, {id + 2}).free(id + 1).kernel("bwd", 200000, {id + 2, id + 3}).free(id + 2).free(id + 3);
+  }
+  auto [rn, rt] = learned_under(b, AllocatorView::pytorch_tracked, 10);
+  auto [rn2, rp] = learned_under(b, AllocatorView::pytorch, 10);
+  EXPECT_EQ(rt.allocator, "pytorch-tracked");
+  EXPECT_EQ(rt.engine.frees, rn.engine.frees) << "every free seen";
+  EXPECT_EQ(rp.engine.frees, 0u);
+  ASSERT_GT(rn.sim.h2d_bytes, 0u) << "the loop must not fit";
+  EXPECT_LE(rt.sim.d2h_bytes, rp.sim.d2h_bytes) << "dead tensors are dropped, not written back";
+  EXPECT_LE(rt.sim.time_ns, rp.sim.time_ns);
+  EXPECT_LE(rt.sim.time_ns, rn.sim.time_ns * 105 / 100) << "within 5% of the per-tensor view";
+  (void)rn2;
+}
+
 }  // namespace
 // Fault feedback. The ExtentLearner widens an inferred range to what the
 // faults attributed to its launch show, per pointer and per signature, never past the block.

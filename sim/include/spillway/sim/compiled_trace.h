@@ -78,10 +78,14 @@ struct Op {
 // accesses in every view (the tensors' bytes, wherever the view places them). `pytorch-exact`:
 // `pytorch` with each kernel's accesses its tensors' true ranges instead of the scan's guess —
 // what perfect extent learning would reach under the cache (the dead data and the missing
-// frees remain).
-enum class AllocatorView { none, pytorch, spillway, pytorch_exact };
+// frees remain). `pytorch-tracked`: what the shim sees under the cache with PyTorch's
+// allocator trace attached (CUDACachingAllocator's attachAllocatorTraceTracker): the
+// segments as under `pytorch`, each one managed allocation (a range, never freed), and in
+// them every tensor a block with its exact extent and its free (FREE_COMPLETED); a chunk no
+// live tensor holds any more is dropped at no cost, as under `spillway`.
+enum class AllocatorView { none, pytorch, spillway, pytorch_exact, pytorch_tracked };
 const char* to_string(AllocatorView view);
-// "none", "pytorch", "spillway" or "pytorch-exact"; nullopt otherwise.
+// "none", "pytorch", "spillway", "pytorch-exact" or "pytorch-tracked"; nullopt otherwise.
 std::optional<AllocatorView> parse_allocator_view(const std::string& text);
 
 // The per-event arrays are SpillArrays (spillway/spill_array.h): kept in a file mapped into
@@ -99,12 +103,13 @@ struct CompiledTrace {
   SpillArray<ChunkTouch> touches;     // per kernel: the chunks (GPU view)
   std::vector<std::string> names;     // distinct kernel names
   std::uint32_t arena_chunks = 0;      // relative chunk indices are < arena_chunks
-  // `spillway`: the sub-allocator's ranges, each one managed allocation, as (first chunk,
-  // chunks), relative, by address (never freed: the view keeps its ranges to the end).
+  // `spillway`: the sub-allocator's ranges, `pytorch-tracked`: the framework's segments; each
+  // one managed allocation, as (first chunk, chunks), relative, by address (never freed: both
+  // views keep their ranges to the end).
   std::vector<std::pair<std::uint32_t, std::uint32_t>> ranges;
   std::uint64_t peak_bytes = 0;        // max over time of the trace's live blocks rounded up to 2 MiB
                                        // chunks (the same in every view)
-  std::uint64_t segment_bytes = 0;     // `pytorch`: the bytes of all segments (never freed)
+  std::uint64_t segment_bytes = 0;     // `pytorch*`: the bytes of all segments (never freed)
   std::uint64_t compute_ns = 0;        // sum of kernel durations
   std::uint64_t kernel_count = 0;
 
