@@ -81,7 +81,7 @@ struct Footprint {
     for (std::size_t i = 0; i < count; ++i) {
       if (hits[i].ptr == word) return;
     }
-    std::optional<Block> b = e.find(word);
+    std::optional<Block> b = e.find_extent(word);  // (a followed tensor: its own extent)
     if (!b) return;
     hits[count++] = ArgumentHit{word, b->base, b->end()};
     exec_id = mix(exec_id, word);

@@ -582,5 +582,89 @@ TEST(EngineThreads, SixteenThreadsAllocatingAndFreeingLeaveTheTableConsistent) {
   EXPECT_EQ(e.managed_bytes(), 0u);
 }
 
+// A framework's allocator, followed: segments are blocks, the tensors it reports inside them
+// are what the Policies see and what launches' pointers are given.
+class RecordingPolicy : public Policy {
+ public:
+  std::string_view name() const override { return "recording"; }
+  void on_alloc(const Block& block, Actions&) override { events.push_back({true, block.base, block.bytes, block.suballocated}); }
+  void on_free(const Block& block, Actions&) override { events.push_back({false, block.base, block.bytes, block.suballocated}); }
+  struct Event {
+    bool alloc;
+    std::uint64_t base, bytes;
+    bool suballocated;
+  };
+  std::vector<Event> events;
+};
+
+TEST_F(EngineTest, FollowsAFrameworksTensorsInsideItsSegments) {
+  SetUpDevice();
+  auto owned = std::make_unique<RecordingPolicy>();
+  RecordingPolicy& policy = *owned;
+  Engine e(Config{}, backend, std::move(owned));
+  const std::uint64_t seg = Allocate(e, 20 * MiB);
+  ASSERT_EQ(policy.events.size(), 1u) << "the segment's allocation";
+  EXPECT_FALSE(e.follow_segment(seg + 30 * MiB, 2 * MiB)) << "not inside a block of ours";
+  EXPECT_FALSE(e.follow_segment(seg, 21 * MiB)) << "runs past the block";
+  ASSERT_TRUE(e.follow_segment(seg, 20 * MiB));
+  EXPECT_FALSE(e.note_tensor_alloc(seg + 40 * MiB, MiB)) << "outside the segment";
+  ASSERT_TRUE(e.note_tensor_alloc(seg + 3 * MiB, 5 * MiB));
+  EXPECT_FALSE(e.note_tensor_alloc(seg + 4 * MiB, MiB)) << "overlaps a live tensor";
+  ASSERT_EQ(policy.events.size(), 2u);
+  EXPECT_TRUE(policy.events[1].alloc);
+  EXPECT_EQ(policy.events[1].base, seg + 3 * MiB);
+  EXPECT_EQ(policy.events[1].bytes, 5 * MiB);
+  EXPECT_TRUE(policy.events[1].suballocated) << "the framework keeps the range when the tensor dies";
+  // A launch's pointer into the tensor gets the tensor's extent; elsewhere, the segment's.
+  std::optional<Block> in = e.find_extent(seg + 3 * MiB + 4096);
+  ASSERT_TRUE(in.has_value());
+  EXPECT_EQ(in->base, seg + 3 * MiB);
+  EXPECT_EQ(in->bytes, 5 * MiB);
+  std::optional<Block> out = e.find_extent(seg + 9 * MiB);
+  ASSERT_TRUE(out.has_value());
+  EXPECT_EQ(out->base, seg);
+  EXPECT_EQ(out->bytes, 20 * MiB);
+  EXPECT_EQ(e.find(seg + 3 * MiB)->base, seg) << "find() still gives the block";
+  Stats s = e.stats();
+  EXPECT_EQ(s.framework_segments, 1u);
+  EXPECT_EQ(s.framework_tensors, 1u);
+  EXPECT_EQ(s.framework_tensor_allocs, 1u);
+  EXPECT_EQ(s.framework_events_refused, 4u);
+  // FREE_COMPLETED: the Policy sees the tensor's free; the pointer falls back to the segment.
+  EXPECT_FALSE(e.note_tensor_free(seg + 4 * MiB)) << "no tensor based there";
+  ASSERT_TRUE(e.note_tensor_free(seg + 3 * MiB));
+  ASSERT_EQ(policy.events.size(), 3u);
+  EXPECT_FALSE(policy.events[2].alloc);
+  EXPECT_EQ(policy.events[2].base, seg + 3 * MiB);
+  EXPECT_EQ(policy.events[2].bytes, 5 * MiB);
+  EXPECT_EQ(e.find_extent(seg + 3 * MiB + 4096)->base, seg);
+  EXPECT_FALSE(e.note_tensor_free(seg + 3 * MiB)) << "a second free";
+}
+
+TEST_F(EngineTest, ReleasingASegmentsBlockStopsFollowingIt) {
+  SetUpDevice();
+  auto e = MakeEngine();
+  const std::uint64_t seg = Allocate(*e, 20 * MiB);
+  ASSERT_TRUE(e->follow_segment(seg, 20 * MiB));
+  ASSERT_TRUE(e->note_tensor_alloc(seg, MiB));
+  bool ours = false;
+  ASSERT_TRUE(e->release(seg, std::nullopt, &ours).ok());
+  EXPECT_TRUE(ours);
+  EXPECT_EQ(e->stats().framework_segments, 0u);
+  EXPECT_EQ(e->stats().framework_tensors, 0u);
+  // The driver may hand the range out again: a block there is not followed until reported.
+  next_ = seg;
+  const std::uint64_t again = Allocate(*e, 20 * MiB);
+  ASSERT_EQ(again, seg);
+  EXPECT_FALSE(e->note_tensor_alloc(seg, MiB));
+  EXPECT_EQ(e->find_extent(seg)->bytes, 20 * MiB);
+  // SEGMENT_FREE stops it too.
+  ASSERT_TRUE(e->follow_segment(seg, 20 * MiB));
+  ASSERT_TRUE(e->note_tensor_alloc(seg, MiB));
+  e->unfollow_segment(seg, 20 * MiB);
+  EXPECT_EQ(e->stats().framework_tensors, 0u);
+  EXPECT_EQ(e->find_extent(seg)->bytes, 20 * MiB);
+}
+
 }  // namespace
 }  // namespace spillway

@@ -51,7 +51,7 @@ std::uint64_t Engine::own_state_bytes_locked() const {
   plans_.for_each([&](const DevicePlan& p) { residency += p.residency.state_bytes(); });
   plans_.for_each([&](const DevicePlan& p) { residency += vector_heap_bytes(p.missing); });
   plans_.for_each([&](const DevicePlan& p) { residency += p.counters.h2d_calls.state_bytes() + p.counters.d2h_calls.state_bytes(); });
-  return table_.state_bytes() + residency + deferred_.state_bytes() + faults_.state_bytes() +
+  return table_.state_bytes() + residency + deferred_.state_bytes() + faults_.state_bytes() + framework_.state_bytes() +
          own_state_.sub_bytes.load(std::memory_order_relaxed);
 }
 
@@ -240,6 +240,9 @@ Stats Engine::stats_locked() const {
   s.peak_managed_bytes = cap_.peak();
   s.outside_device_bytes = outside_device_bytes();
   s.max_managed_bytes = max_managed_bytes();
+  s.framework_segments = framework_.segments();
+  s.framework_tensors = framework_.live_tensors();
+  s.framework_events_refused += framework_.refused();
   std::uint64_t policies = 0;
   plans_.for_each([&](const DevicePlan& p) {
     DeviceStats d = p.counters;

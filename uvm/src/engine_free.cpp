@@ -46,6 +46,7 @@ Result Engine::release(std::uint64_t addr, std::optional<StreamHandle> stream, b
   std::optional<Block> block = table_.erase(addr);
   *ours = block.has_value();
   if (!block) return not_a_block();
+  if (framework_.segments() != 0) framework_.drop_segments(block->base, block->end());
   if (block->suballocated) {
     release_carved(*block, claim, stream.has_value());
     return Result{};
@@ -171,6 +172,7 @@ void Engine::release_context_blocks(std::uint16_t context) {
   std::vector<Block> gone;
   for (const Block& b : blocks) {
     if (std::optional<Block> erased = table_.erase(b.base)) gone.push_back(*erased);
+    if (framework_.segments() != 0) framework_.drop_segments(b.base, b.end());
   }
   gate_.wait_for_issuers();
   for (const Block& b : gone) {

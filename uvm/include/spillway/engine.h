@@ -28,6 +28,7 @@
 #include "spillway/device_plans.h"
 #include "spillway/fault_router.h"
 #include "spillway/fenced_suballocator.h"
+#include "spillway/framework_tensors.h"
 #include "spillway/managed_cap.h"
 #include "spillway/outside_memory.h"
 #include "spillway/plan_order.h"
@@ -98,6 +99,10 @@ struct Stats {
   std::uint64_t refined_accesses = 0;         // footprint ranges the policy corrected from them
   std::uint64_t migrated_to_gpu_bytes = 0;    // bytes the driver migrated toward the GPU, as the feedback reports them
   std::uint64_t migrated_to_host_bytes = 0;   // ... and toward the host (0 without feedback)
+  std::uint64_t framework_segments = 0;       // a framework's segments followed now (Engine::follow_segment)
+  std::uint64_t framework_tensors = 0;        // live tensors noted in them now
+  std::uint64_t framework_tensor_allocs = 0;  // tensor allocations noted (note_tensor_alloc)
+  std::uint64_t framework_events_refused = 0; // tensor events that did not fit what is followed
   std::string fault_feedback = "off";         // Backend::fault_feedback_state(), or "off: ..." (config, policy)
   std::uint64_t state_bytes = 0;              // heap bytes of Spillway's own state now: the policy's and the
                                               // Engine's tables (spillway/state_bytes.h estimates)
@@ -206,6 +211,34 @@ class Engine {
   bool maybe_managed(std::uint64_t addr) const {
     return span_.maybe_contains(addr);
   }
+
+  // ---- A framework's own allocator, followed (docs/design.md, "A framework's allocator,
+  // followed"; spillway/framework_tensors.h). Under a caching allocator the blocks are its
+  // segments; where it reports the tensors it places in them (PyTorch's allocator trace in
+  // the shim, the simulator's `pytorch-tracked` view) the Engine follows them. All
+  // thread-safe; none calls the Backend.
+  // SEGMENT_ALLOC: [base, base + bytes) is a segment the framework holds in one of our live
+  // blocks; its tensors are followed from now on (a block's release stops it). False, and
+  // nothing followed, when the range is not inside one live block of ours (memory the
+  // driver gave directly: passed through, VMM).
+  bool follow_segment(std::uint64_t base, std::uint64_t bytes);
+  // SEGMENT_FREE: stops following the segments overlapping [base, base + bytes).
+  void unfollow_segment(std::uint64_t base, std::uint64_t bytes);
+  // ALLOC: a tensor [addr, addr + bytes) came to life in a followed segment. Every device's
+  // Policy sees it as a block (on_alloc; Block::suballocated, since the framework keeps its
+  // range when it dies), and a launch's pointer into it is given its extent
+  // (find_extent). False, counted, and nothing noted, when it lies outside every followed
+  // segment or overlaps a live tensor. The observer does not see it (the trace records the
+  // blocks: the segments).
+  bool note_tensor_alloc(std::uint64_t addr, std::uint64_t bytes);
+  // FREE_COMPLETED: the live tensor at `addr` died; the Policies see its free (on_free).
+  // Its chunks stay where they are: the plan keeps them until they are evicted. False,
+  // counted, when no live tensor is based at `addr`.
+  bool note_tensor_free(std::uint64_t addr);
+  // The extent a launch's pointer argument `addr` is given: the live followed tensor holding
+  // it (as a Block: the segment's block, narrowed to the tensor), else the block holding it
+  // (find()). Allocation-free; lock-free while no tensor is followed.
+  std::optional<Block> find_extent(std::uint64_t addr) const;
 
   // Installs the observer (nullptr: none). Set it before the first allocation; it must
   // outlive the Engine's use.
@@ -364,8 +397,8 @@ class Engine {
   // before mutex_ and never under it; mutex_, the planning lock, guards the plans' Policies,
   // residency and counters, counters_, fault routing and own_state_; under it only leaves are
   // taken (the allocation table's shared lock, FencedSubAllocator's try_lock, DeferredFrees',
-  // ReleaseGate's, OutsideMemory's and the Backend's own locks). No lock is held across a
-  // Backend call that may wait for the device.
+  // ReleaseGate's, OutsideMemory's, FrameworkTensors' and the Backend's own locks). No lock
+  // is held across a Backend call that may wait for the device.
   static constexpr int kMaxReleaseAttempts = 3;
   class EngineActions;
   struct Action;
@@ -466,6 +499,8 @@ class Engine {
   bool reclaim_one(PendingFree& p, bool wait);
   void finish_release(std::uint64_t bytes, bool deferred, bool unreserve_bytes = true);
   void run_policy_free(const Block& block);
+  // The Policies see a framework's tensor come (alive) or go (engine_framework.cpp).
+  void run_policy_tensor(const Block& tensor, bool alive);
   // finish_context_end()'s parts: the context's blocks and its deferred frees (its ranges:
   // FencedSubAllocator::drop_context).
   void release_context_blocks(std::uint16_t context);
@@ -502,6 +537,7 @@ class Engine {
   AddressSpan span_;  // every block ever allocated: maybe_managed()
   std::atomic<std::uint64_t> next_id_{1};
   OutsideMemory outside_;
+  FrameworkTensors framework_;  // a framework's segments and tensors, where it reports them
   DevicePlans plans_;  // (after config_, backend_ and outside_: it uses them)
   std::once_flag start_once_;
   std::atomic<int> start_state_{0};  // 0 not started, 1 usable, 2 not usable
