@@ -79,6 +79,8 @@ Positions positions_of(const CompiledTrace& t, std::vector<std::uint32_t>* cross
       case Op::Kind::free:
         if (crossing != nullptr) live.reset(t.blocks[op.index]);
         break;
+      case Op::Kind::tensor_alloc:  // (a tensor in a segment: its chunks keep their data)
+      case Op::Kind::tensor_free: break;
       case Op::Kind::kernel:
       case Op::Kind::host: {
         const KernelRecord& k = t.kernels[op.index];
@@ -129,6 +131,8 @@ class CrossingWalk {
       switch (op.kind) {
         case Op::Kind::alloc:
         case Op::Kind::free: reset(t_.blocks[op.index]); break;
+        case Op::Kind::tensor_alloc:
+        case Op::Kind::tensor_free: break;
         case Op::Kind::kernel:
           while (at < cuts.size() && cuts[at] == position_) snapshot(out[at++]);
           kernel_touches(t_.kernels[op.index]);

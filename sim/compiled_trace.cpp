@@ -151,7 +151,7 @@ class EventCompiler {
 
   void add_alloc(const trace::Event& e);
   std::uint32_t add_tensor(const trace::Event& e);
-  std::uint32_t add_tracked_tensor(const trace::Event& e);
+  std::uint32_t add_followed_tensor(const trace::Event& e);
   std::uint32_t add_shared_block(std::uint64_t addr, std::uint64_t bytes);
   void add_free(const trace::Event& e);
   void add_kernel(const trace::Event& e);
@@ -169,13 +169,12 @@ class EventCompiler {
   const bool segments_;  // `pytorch`, `pytorch-exact`: the blocks are the framework's segments
   const bool exact_;     // the tensors' true ranges, not the scan's guess
   const bool carved_;    // `spillway`
-  const bool tracked_;   // `pytorch-tracked`: the framework's placement, every tensor a block
+  const bool tracked_;   // `pytorch-tracked`: the segments are blocks, the tensors reported in them
   PytorchCachingAllocator framework_;  // (`pytorch`, `pytorch-tracked`)
   SubAllocator shim_;                  // (`spillway`): the shim's sub-allocator over arena ranges
-  std::vector<std::uint32_t> chunk_live_;  // (`spillway`, `pytorch-tracked`) per chunk: live blocks on it
+  std::vector<std::uint32_t> chunk_live_;  // (`spillway`) per chunk: live blocks on it
   std::unordered_map<std::uint64_t, Tensor> tensors_;  // trace id -> placement (`pytorch`, `pytorch-tracked`)
-  std::vector<std::uint32_t> segment_seq_;             // (`pytorch`) segment -> its block (alloc sequence)
-  std::vector<std::uint64_t> segment_addr_;            // (`pytorch-tracked`) segment -> its address
+  std::vector<std::uint32_t> segment_seq_;             // segment -> its block (alloc sequence)
   std::vector<ArgumentHit> hits_;                      // a kernel's pointers (`pytorch`)
   ChunkAllocator arena_;
   std::unordered_map<std::uint64_t, std::uint32_t> live_;  // trace id -> alloc sequence
@@ -220,8 +219,8 @@ std::uint32_t EventCompiler::carve_block(std::uint64_t bytes, std::uint64_t site
   return add_shared_block(addr, bytes);
 }
 
-// (`spillway`, `pytorch-tracked`) A block at `addr` that may share its end chunks with other
-// live blocks: fresh only where every chunk it lies on was free of live blocks.
+// (`spillway`) A block at `addr` that may share its end chunks with other live blocks: fresh
+// only where every chunk it lies on was free of live blocks.
 std::uint32_t EventCompiler::add_shared_block(std::uint64_t addr, std::uint64_t bytes) {
   const std::uint32_t first = static_cast<std::uint32_t>((addr - kArenaBase) / kChunkBytes);
   const std::uint32_t last = static_cast<std::uint32_t>((addr + bytes - 1 - kArenaBase) / kChunkBytes);
@@ -256,7 +255,7 @@ void EventCompiler::add_alloc(const trace::Event& e) {
   if (carved_) {
     live_[e.id] = carve_block(e.bytes, std::hash<std::string>{}(e.site), e.line);
   } else if (tracked_) {
-    live_[e.id] = add_tracked_tensor(e);
+    live_[e.id] = add_followed_tensor(e);
   } else if (!segments_) {
     live_[e.id] = place_block(e.bytes, e.line);
   } else {
@@ -281,26 +280,28 @@ std::uint32_t EventCompiler::add_tensor(const trace::Event& e) {
 }
 
 // (`pytorch-tracked`) A tensor the framework's cache places in a segment, as under
-// `pytorch`, seen by the Engine as a block of its own (the tracker's ALLOC reports the
-// request's address and size: c10/cuda/CUDACachingAllocator.cpp, record_trace in malloc).
-// Each segment is one managed allocation (a range); segments are never freed.
-std::uint32_t EventCompiler::add_tracked_tensor(const trace::Event& e) {
+// `pytorch` (the segment, new or not, is the Engine's block); the tensor is reported to the
+// Engine (Engine::note_tensor_alloc) as the allocator's trace reports it: the request's
+// address and size (c10/cuda/CUDACachingAllocator.cpp, record_trace(TraceEntry::ALLOC, ...,
+// orig_size, ...) in malloc). Its entry in `blocks` is numbered in the Policies' allocation
+// order (segments and tensors alike reach on_alloc).
+std::uint32_t EventCompiler::add_followed_tensor(const trace::Event& e) {
   Tensor tensor;
   tensor.place = framework_.allocate(e.bytes);
   tensor.bytes = e.bytes;
   if (tensor.place.new_segment) {
     const std::uint64_t seg_bytes = framework_.segments()[tensor.place.segment];
-    const std::uint32_t chunks = static_cast<std::uint32_t>(seg_bytes / kChunkBytes);
-    const std::uint32_t start = arena_.allocate(chunks);
-    check_arena(e.line);
-    grow(arena_.top());
-    ct_.ranges.emplace_back(start, chunks);
-    segment_addr_.push_back(kArenaBase + std::uint64_t(start) * kChunkBytes);
+    segment_seq_.push_back(place_block(seg_bytes, e.line));
     ct_.segment_bytes += seg_bytes;
   }
-  tensor.addr = segment_addr_[tensor.place.segment] + tensor.place.offset;
+  tensor.addr = ct_.blocks[segment_seq_[tensor.place.segment]].addr + tensor.place.offset;
   tensors_[e.id] = tensor;
-  return add_shared_block(tensor.addr, e.bytes);
+  const std::uint32_t first = static_cast<std::uint32_t>((tensor.addr - kArenaBase) / kChunkBytes);
+  const std::uint32_t last = static_cast<std::uint32_t>((tensor.addr + e.bytes - 1 - kArenaBase) / kChunkBytes);
+  const std::uint32_t seq = static_cast<std::uint32_t>(ct_.blocks.size());
+  ct_.blocks.push_back({tensor.addr, e.bytes, first, last - first + 1, false});
+  ct_.ops.push_back({Op::Kind::tensor_alloc, seq});
+  return seq;
 }
 
 void EventCompiler::add_free(const trace::Event& e) {
@@ -314,16 +315,17 @@ void EventCompiler::add_free(const trace::Event& e) {
     live_.erase(it);
     return;
   }
-  const BlockPlacement& b = ct_.blocks[it->second];
-  if (tracked_) {  // back to the framework's cache (reusable at once); the tracker reports it
+  if (tracked_) {  // back to the framework's cache (reusable at once); the trace reports it
     auto tt = tensors_.find(e.id);
     framework_.free(tt->second.place);
     tensors_.erase(tt);
+    ct_.ops.push_back({Op::Kind::tensor_free, it->second});
+    live_.erase(it);
+    return;
   }
-  if (carved_ || tracked_) {  // reusable at once; an emptied slab goes back to the chunks at once
-    if (carved_) {
-      if (const std::uint64_t slab = shim_.free(b.addr, b.bytes); slab != 0) shim_.release_slab(slab);
-    }
+  const BlockPlacement& b = ct_.blocks[it->second];
+  if (carved_) {  // reusable at once; an emptied slab goes back to the chunks at once
+    if (const std::uint64_t slab = shim_.free(b.addr, b.bytes); slab != 0) shim_.release_slab(slab);
     for (std::uint32_t c = b.first_chunk; c < b.first_chunk + b.chunks; ++c) --chunk_live_[c];
   } else {
     arena_.release(b.first_chunk, b.chunks);
@@ -428,7 +430,7 @@ void link_next_uses(CompiledTrace& ct) {
       ct.blocks.release(first_block, ct.blocks.size());
     }
     const Op& op = ct.ops[i];
-    if (op.kind == Op::Kind::alloc) first_block = op.index;
+    if (op.kind == Op::Kind::alloc || op.kind == Op::Kind::tensor_alloc) first_block = op.index;
     if (op.kind == Op::Kind::alloc) {
       const BlockPlacement& b = ct.blocks[op.index];
       if (!b.fresh) continue;  // (a chunk other live blocks hold: its use goes on)

@@ -113,6 +113,8 @@ class OpPlayer {
       case Op::Kind::kernel: launch(op.index); break;
       case Op::Kind::host: backend_.run(op.index); break;
       case Op::Kind::iter: break;
+      case Op::Kind::tensor_alloc: follow(op.index, true); break;
+      case Op::Kind::tensor_free: follow(op.index, false); break;
     }
   }
 
@@ -123,6 +125,18 @@ class OpPlayer {
     Result r = engine_.allocate(trace_.blocks[block].bytes, AllocKind::alloc, 0, &addr);
     if (!r.ok() || addr != trace_.blocks[block].addr) {
       throw std::logic_error(fmt::format("simulator: allocation of block {} failed", block));
+    }
+    // (`pytorch-tracked`: every block is a segment the allocator's trace reports.)
+    if (trace_.allocator == AllocatorView::pytorch_tracked && !engine_.follow_segment(addr, trace_.blocks[block].bytes)) {
+      throw std::logic_error(fmt::format("simulator: segment {} not followed", block));
+    }
+  }
+
+  // A tensor the allocator's trace reports in a followed segment: its ALLOC or FREE_COMPLETED.
+  void follow(std::uint32_t tensor, bool alive) {
+    const BlockPlacement& t = trace_.blocks[tensor];
+    if (alive ? !engine_.note_tensor_alloc(t.addr, t.bytes) : !engine_.note_tensor_free(t.addr)) {
+      throw std::logic_error(fmt::format("simulator: tensor {} not followed", tensor));
     }
   }
 

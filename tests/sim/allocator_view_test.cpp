@@ -250,9 +250,9 @@ TEST(AllocatorView, SpillwayViewMovesAChunkOfSmallTensorsInOneCall) {
   (void)rn;
 }
 
-// `pytorch-tracked`: the cache's placement (the same addresses as `pytorch`), each segment one
-// managed allocation, and in it every tensor a block with its true extent and its free.
-TEST(AllocatorView, PytorchTrackedViewSeesEveryTensorInsideTheCachesSegments) {
+// `pytorch-tracked`: the cache's segments are the Engine's blocks, as under `pytorch`; the
+// tensors in them are reported to the Engine with their true extents and their frees.
+TEST(AllocatorView, PytorchTrackedViewReportsEveryTensorInsideTheCachesSegments) {
   testing::Builder b;
   b.alloc(1, 100 * KiB).alloc(2, 100 * KiB).alloc(3, 5 * MiB).kernel("k", 1000, {1, 2, 3}).free(1).alloc(4, 90 * KiB).kernel(
       "k", 1000, {2, 4});
@@ -262,32 +262,35 @@ TEST(AllocatorView, PytorchTrackedViewSeesEveryTensorInsideTheCachesSegments) {
   EXPECT_EQ(to_string(tr.allocator), std::string("pytorch-tracked"));
   EXPECT_EQ(tr.peak_bytes, none.peak_bytes);
   EXPECT_EQ(tr.segment_bytes, pt.segment_bytes) << "the same segments: 2 MiB small, 20 MiB large";
-  ASSERT_EQ(tr.ranges.size(), 2u) << "each segment one managed allocation";
-  EXPECT_EQ(tr.ranges[0].second, 1u);
-  EXPECT_EQ(tr.ranges[1].second, 10u);
-  ASSERT_EQ(tr.blocks.size(), 4u) << "one block per tensor";
-  // The addresses PyTorch's cache gives: 1 and 2 side by side in the small segment, 4 in 1's
-  // freed block (best fit), 3 at the large segment's base.
-  const std::uint64_t small = kArenaBase + std::uint64_t(tr.ranges[0].first) * kChunkBytes;
-  const std::uint64_t large = kArenaBase + std::uint64_t(tr.ranges[1].first) * kChunkBytes;
-  EXPECT_EQ(tr.blocks[0].addr, small);
-  EXPECT_EQ(tr.blocks[1].addr, small + 100 * KiB);
-  EXPECT_EQ(tr.blocks[2].addr, large);
-  EXPECT_EQ(tr.blocks[3].addr, small) << "the cache reuses tensor 1's block";
-  EXPECT_EQ(tr.blocks[3].bytes, 90 * KiB) << "the request's size, as the tracker's ALLOC reports it";
-  EXPECT_TRUE(tr.blocks[0].fresh);
-  EXPECT_FALSE(tr.blocks[1].fresh) << "tensor 2 shares tensor 1's chunk";
-  EXPECT_FALSE(tr.blocks[3].fresh) << "tensor 2 still lives on that chunk";
-  EXPECT_EQ(std::count_if(tr.ops.begin(), tr.ops.end(), [](const Op& o) { return o.kind == Op::Kind::free; }), 1)
-      << "the tracker reports the free";
+  // Ops: segment, tensor 1, tensor 2, segment, tensor 3, kernel, free 1, tensor 4, kernel.
+  std::vector<Op::Kind> kinds;
+  for (const Op& op : tr.ops) kinds.push_back(op.kind);
+  using K = Op::Kind;
+  EXPECT_EQ(kinds, (std::vector<K>{K::alloc, K::tensor_alloc, K::tensor_alloc, K::alloc, K::tensor_alloc, K::kernel,
+                                   K::tensor_free, K::tensor_alloc, K::kernel}));
+  ASSERT_EQ(tr.blocks.size(), 6u) << "two segments and four tensors, in the Policies' allocation order";
+  const std::uint64_t small = tr.blocks[0].addr, large = tr.blocks[3].addr;
+  EXPECT_EQ(small, pt.blocks[0].addr) << "the segments where `pytorch` puts them";
+  EXPECT_EQ(tr.blocks[0].bytes, 2 * MiB);
+  EXPECT_EQ(tr.blocks[3].bytes, 20 * MiB);
+  // The addresses PyTorch's cache gives: 1 and 2 side by side, 3 at the large segment's
+  // base, 4 in 1's freed block (best fit), with the request's size.
+  EXPECT_EQ(tr.blocks[1].addr, small);
+  EXPECT_EQ(tr.blocks[2].addr, small + 100 * KiB);
+  EXPECT_EQ(tr.blocks[4].addr, large);
+  EXPECT_EQ(tr.blocks[5].addr, small);
+  EXPECT_EQ(tr.blocks[5].bytes, 90 * KiB) << "the request's size, as the trace's ALLOC reports it";
+  // Exact extents, as the followed tensors give the launch hook.
   const KernelRecord& k2 = tr.kernels[1];
   ASSERT_EQ(k2.access_end - k2.access_begin, 2u);
   EXPECT_EQ(tr.accesses[k2.access_begin].addr, small + 100 * KiB);
-  EXPECT_EQ(tr.accesses[k2.access_begin].bytes, 100 * KiB) << "exact extents, not the scan's guess";
+  EXPECT_EQ(tr.accesses[k2.access_begin].bytes, 100 * KiB);
   EXPECT_EQ(tr.accesses[k2.access_begin + 1].bytes, 90 * KiB);
+  ASSERT_EQ(k2.touch_end - k2.touch_begin, 1u);
+  EXPECT_FALSE(tr.touches[k2.touch_begin].first_touch) << "the cache's memory holds the dead tensor's data";
 }
 
-TEST(AllocatorView, PytorchTrackedViewDropsDeadChunksAndKeepsLearnedNearItsNoneTime) {
+TEST(AllocatorView, PytorchTrackedViewRunsTheEnginesFollowedTensors) {
   testing::Builder b;
   for (int it = 0; it < 6; ++it) {
     const std::uint64_t id = 10 * it;
@@ -297,13 +300,21 @@ TEST(AllocatorView, PytorchTrackedViewDropsDeadChunksAndKeepsLearnedNearItsNoneT
   auto [rn, rt] = learned_under(b, AllocatorView::pytorch_tracked, 10);
   auto [rn2, rp] = learned_under(b, AllocatorView::pytorch, 10);
   EXPECT_EQ(rt.allocator, "pytorch-tracked");
-  EXPECT_EQ(rt.engine.frees, rn.engine.frees) << "every free seen";
-  EXPECT_EQ(rp.engine.frees, 0u);
+  EXPECT_EQ(rt.engine.frees, 0u) << "segments are never freed";
+  EXPECT_EQ(rt.engine.framework_tensor_allocs, 18u) << "every tensor reported";
+  EXPECT_EQ(rt.engine.framework_tensors, 0u) << "and every free";
+  EXPECT_EQ(rt.engine.framework_events_refused, 0u);
+  EXPECT_EQ(rt.engine.framework_segments, rp.engine.allocations_redirected);
+  EXPECT_EQ(rp.engine.framework_tensor_allocs, 0u) << "`pytorch`: no trace followed";
   ASSERT_GT(rn.sim.h2d_bytes, 0u) << "the loop must not fit";
-  EXPECT_LE(rt.sim.d2h_bytes, rp.sim.d2h_bytes) << "dead tensors are dropped, not written back";
+  EXPECT_LT(rt.sim.faults, rp.sim.faults) << "exact extents: what the scan missed is prefetched";
   EXPECT_LE(rt.sim.time_ns, rp.sim.time_ns);
-  EXPECT_LE(rt.sim.time_ns, rn.sim.time_ns * 105 / 100) << "within 5% of the per-tensor view";
-  (void)rn2;
+  // The followed tensors give the launches exactly the extents `pytorch-exact` gives them, and
+  // the Policy sees the same blocks (the segments): the same run.
+  auto [rn3, rx] = learned_under(b, AllocatorView::pytorch_exact, 10);
+  EXPECT_EQ(rt.sim.time_ns, rx.sim.time_ns);
+  EXPECT_EQ(rt.sim.h2d_bytes, rx.sim.h2d_bytes);
+  (void)rn2, (void)rn3;
 }
 
 }  // namespace

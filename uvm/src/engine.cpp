@@ -242,7 +242,8 @@ Stats Engine::stats_locked() const {
   s.max_managed_bytes = max_managed_bytes();
   s.framework_segments = framework_.segments();
   s.framework_tensors = framework_.live_tensors();
-  s.framework_events_refused += framework_.refused();
+  s.framework_tensor_allocs = framework_.added();
+  s.framework_events_refused = framework_.refused();
   std::uint64_t policies = 0;
   plans_.for_each([&](const DevicePlan& p) {
     DeviceStats d = p.counters;

@@ -72,8 +72,7 @@ bool FrameworkTensors::add_tensor(std::uint64_t base, std::uint64_t bytes) noexc
   auto seg = containing(segments_, base);
   const bool fits = bytes != 0 && end > base && seg != segments_.end() && end <= seg->second;
   if (failed_ || !fits || overlaps(tensors_, base, end)) {
-    refused_.fetch_add(1, std::memory_order_relaxed);
-    return false;
+    return refuse();
   }
   try {
     tensors_.emplace(base, end);
@@ -82,6 +81,7 @@ bool FrameworkTensors::add_tensor(std::uint64_t base, std::uint64_t bytes) noexc
     return false;
   }
   live_.fetch_add(1, std::memory_order_relaxed);
+  added_.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

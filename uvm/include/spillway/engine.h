@@ -102,7 +102,7 @@ struct Stats {
   std::uint64_t framework_segments = 0;       // a framework's segments followed now (Engine::follow_segment)
   std::uint64_t framework_tensors = 0;        // live tensors noted in them now
   std::uint64_t framework_tensor_allocs = 0;  // tensor allocations noted (note_tensor_alloc)
-  std::uint64_t framework_events_refused = 0; // tensor events that did not fit what is followed
+  std::uint64_t framework_events_refused = 0; // segment and tensor events that fit nothing followed
   std::string fault_feedback = "off";         // Backend::fault_feedback_state(), or "off: ..." (config, policy)
   std::uint64_t state_bytes = 0;              // heap bytes of Spillway's own state now: the policy's and the
                                               // Engine's tables (spillway/state_bytes.h estimates)
@@ -224,16 +224,16 @@ class Engine {
   bool follow_segment(std::uint64_t base, std::uint64_t bytes);
   // SEGMENT_FREE: stops following the segments overlapping [base, base + bytes).
   void unfollow_segment(std::uint64_t base, std::uint64_t bytes);
-  // ALLOC: a tensor [addr, addr + bytes) came to life in a followed segment. Every device's
-  // Policy sees it as a block (on_alloc; Block::suballocated, since the framework keeps its
-  // range when it dies), and a launch's pointer into it is given its extent
-  // (find_extent). False, counted, and nothing noted, when it lies outside every followed
-  // segment or overlaps a live tensor. The observer does not see it (the trace records the
-  // blocks: the segments).
+  // ALLOC: a tensor [addr, addr + bytes) came to life in a followed segment: a launch's
+  // pointer into it is given its extent (find_extent). False, counted, and nothing noted,
+  // when it lies outside every followed segment or overlaps a live tensor. Neither the
+  // Policies nor the observer see it: a Policy's blocks are the segments, and a block's
+  // free tells a Policy its chunks' data died, which holds for a tensor only where the
+  // Engine discards its dead chunks (it does not yet: docs/design.md says why and measures
+  // what telling the Policies did without it).
   bool note_tensor_alloc(std::uint64_t addr, std::uint64_t bytes);
-  // FREE_COMPLETED: the live tensor at `addr` died; the Policies see its free (on_free).
-  // Its chunks stay where they are: the plan keeps them until they are evicted. False,
-  // counted, when no live tensor is based at `addr`.
+  // FREE_COMPLETED: the live tensor at `addr` died; its data stays in its segment's chunks,
+  // which stay where they are. False, counted, when no live tensor is based at `addr`.
   bool note_tensor_free(std::uint64_t addr);
   // The extent a launch's pointer argument `addr` is given: the live followed tensor holding
   // it (as a Block: the segment's block, narrowed to the tensor), else the block holding it
@@ -499,8 +499,6 @@ class Engine {
   bool reclaim_one(PendingFree& p, bool wait);
   void finish_release(std::uint64_t bytes, bool deferred, bool unreserve_bytes = true);
   void run_policy_free(const Block& block);
-  // The Policies see a framework's tensor come (alive) or go (engine_framework.cpp).
-  void run_policy_tensor(const Block& tensor, bool alive);
   // finish_context_end()'s parts: the context's blocks and its deferred frees (its ranges:
   // FencedSubAllocator::drop_context).
   void release_context_blocks(std::uint16_t context);

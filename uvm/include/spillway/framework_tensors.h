@@ -59,7 +59,14 @@ class FrameworkTensors {
 
   std::uint64_t live_tensors() const { return live_.load(std::memory_order_relaxed); }
   std::uint64_t segments() const { return segments_count_.load(std::memory_order_relaxed); }  // lock-free
+  std::uint64_t added() const { return added_.load(std::memory_order_relaxed); }  // tensors add_tensor() took
   std::uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+  // Counts an event its caller found to fit nothing followed (as refused() counts its own);
+  // returns false, for the caller to return.
+  bool refuse() noexcept {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
   // Heap bytes held (spillway/state_bytes.h estimates: one map node per segment and tensor).
   std::uint64_t state_bytes() const;
 
@@ -79,6 +86,7 @@ class FrameworkTensors {
   std::atomic<std::uint64_t> live_{0};
   std::atomic<std::uint64_t> segments_count_{0};
   std::atomic<std::uint64_t> refused_{0};
+  std::atomic<std::uint64_t> added_{0};
 };
 
 }  // namespace spillway

@@ -60,8 +60,10 @@ struct KernelRecord {
 };
 
 struct Op {
-  enum class Kind : std::uint8_t { alloc, free, kernel, host, iter } kind;
-  std::uint32_t index;  // alloc/free: block (alloc sequence); kernel/host: kernel record; iter: n
+  // tensor_alloc/tensor_free (`pytorch-tracked`): a tensor the framework reports in one of
+  // its segments (Engine::note_tensor_alloc/free); the segment itself is an `alloc`.
+  enum class Kind : std::uint8_t { alloc, free, kernel, host, iter, tensor_alloc, tensor_free } kind;
+  std::uint32_t index;  // alloc/free/tensor_*: block (alloc sequence); kernel/host: kernel record; iter: n
 };
 
 // What the Engine and the Policy see of a trace's blocks (docs/simulator.md, "Allocator
@@ -79,10 +81,12 @@ struct Op {
 // `pytorch` with each kernel's accesses its tensors' true ranges instead of the scan's guess —
 // what perfect extent learning would reach under the cache (the dead data and the missing
 // frees remain). `pytorch-tracked`: what the shim sees under the cache with PyTorch's
-// allocator trace attached (CUDACachingAllocator's attachAllocatorTraceTracker): the
-// segments as under `pytorch`, each one managed allocation (a range, never freed), and in
-// them every tensor a block with its exact extent and its free (FREE_COMPLETED); a chunk no
-// live tensor holds any more is dropped at no cost, as under `spillway`.
+// allocator trace followed (CUDACachingAllocator's attachAllocatorTraceTracker;
+// Engine::follow_segment): the segments and placement of `pytorch`, the segments the
+// Engine's blocks, and every tensor in them reported to the Engine with its exact extent and
+// its free (Op::Kind::tensor_alloc/tensor_free), so each kernel's accesses are its tensors'
+// true ranges; as under `pytorch`, a dead tensor's data stays in its segment (the Engine
+// discards nothing), written back when its chunk is evicted.
 enum class AllocatorView { none, pytorch, spillway, pytorch_exact, pytorch_tracked };
 const char* to_string(AllocatorView view);
 // "none", "pytorch", "spillway", "pytorch-exact" or "pytorch-tracked"; nullopt otherwise.
@@ -97,15 +101,14 @@ struct CompiledTrace {
   std::string name;       // file name without .jsonl(.gz)
   nlohmann::json header;
   SpillArray<Op> ops;                 // what the Engine sees, in order
-  SpillArray<BlockPlacement> blocks;  // the Engine's blocks (`pytorch`: segments)
+  SpillArray<BlockPlacement> blocks;  // the Engine's blocks (`pytorch*`: segments; `pytorch-tracked`: and the tensors)
   SpillArray<KernelRecord> kernels;   // kernels and host events, in trace order
   SpillArray<Access> accesses;        // per kernel: the address ranges (Policy view)
   SpillArray<ChunkTouch> touches;     // per kernel: the chunks (GPU view)
   std::vector<std::string> names;     // distinct kernel names
   std::uint32_t arena_chunks = 0;      // relative chunk indices are < arena_chunks
-  // `spillway`: the sub-allocator's ranges, `pytorch-tracked`: the framework's segments; each
-  // one managed allocation, as (first chunk, chunks), relative, by address (never freed: both
-  // views keep their ranges to the end).
+  // `spillway`: the sub-allocator's ranges, each one managed allocation, as (first chunk,
+  // chunks), relative, by address (never freed: the view keeps its ranges to the end).
   std::vector<std::pair<std::uint32_t, std::uint32_t>> ranges;
   std::uint64_t peak_bytes = 0;        // max over time of the trace's live blocks rounded up to 2 MiB
                                        // chunks (the same in every view)
@@ -129,7 +132,7 @@ void for_each_op(const CompiledTrace& trace, F&& f) {
   for (const Op& op : trace.ops) {
     if ((++op_no & 0xffff) == 0) trace.release_behind(op_no - 1, kernel_no, block_no);
     if (op.kind == Op::Kind::kernel || op.kind == Op::Kind::host) kernel_no = op.index;
-    if (op.kind == Op::Kind::alloc) block_no = op.index;
+    if (op.kind == Op::Kind::alloc || op.kind == Op::Kind::tensor_alloc) block_no = op.index;
     f(op);
   }
 }
