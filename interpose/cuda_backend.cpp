@@ -2,6 +2,7 @@
 #include "capture_registry.h"
 #include "stream_registry.h"
 #include "cupti_feedback.h"
+#include "torch_tracker.h"
 
 #include <unistd.h>
 
@@ -473,6 +474,8 @@ void CudaBackend::destroy_event(EventHandle event) {
 bool CudaBackend::fault_feedback() { return CuptiFeedback::active(); }
 std::size_t CudaBackend::take_faults(std::vector<FaultRecord>& out) { return CuptiFeedback::take(out); }
 std::string CudaBackend::fault_feedback_state() { return CuptiFeedback::state(); }
+
+std::string CudaBackend::framework_trace_state() { return torch_tracker_state(); }
 void CudaBackend::migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) { CuptiFeedback::migrated_bytes(to_gpu, to_host); }
 // CUPTI may call the driver itself: as the shim's own calls, those pass the hooks by.
 void CudaBackend::begin_launch(std::uint64_t seq) {

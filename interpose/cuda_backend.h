@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   bool fault_feedback() override;
   std::size_t take_faults(std::vector<FaultRecord>& out) override;
   std::string fault_feedback_state() override;
+  std::string framework_trace_state() override;
   void migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) override;
   void begin_launch(std::uint64_t seq) override;
   void end_launch() override;

@@ -7,6 +7,7 @@
 #include "cuda_backend.h"
 #include "driver_helpers.h"
 #include "shim.h"
+#include "torch_tracker.h"
 #include "spillway/log.h"
 
 namespace spillway::hook {
@@ -95,6 +96,8 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
     e->note_passed_through(true);
     return std::nullopt;
   }
+  // Under the framework's own allocator, its trace (PyTorch's) is followed once it can be.
+  if (!e->config().framework_per_tensor) interpose::maybe_attach_torch_tracker(*e);
   std::uint64_t addr = 0;
   Result r;
   if (stream_ordered) {

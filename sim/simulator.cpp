@@ -188,7 +188,10 @@ CellResult run_cell(const CompiledTrace& trace, std::unique_ptr<Policy> policy, 
   const std::uint64_t capacity_chunks = params.capacity_bytes / kChunkBytes;
   const std::string policy_name(policy->name());
   SimBackend backend(trace, params, spans != nullptr);
-  Engine engine(cell_config(policy_name, params, capacity_chunks), backend, std::move(policy));
+  Config config = cell_config(policy_name, params, capacity_chunks);
+  // (The views under a framework's cache: the shim runs there with its allocator kept.)
+  config.framework_per_tensor = trace.allocator == AllocatorView::none || trace.allocator == AllocatorView::spillway;
+  Engine engine(std::move(config), backend, std::move(policy));
   OpPlayer player(trace, engine, backend);
   // (What the walk has passed goes from memory: it stays in the trace's spill files.)
   for_each_op(trace, [&](const Op& op) { player.play(op); });

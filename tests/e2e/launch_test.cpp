@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -609,6 +611,105 @@ TEST(TraceWindow, ABadWindowIsOneLineNamingTheVariable) {
   RunResult r = launches({"cycle", "1", "2"}, fake_env({{"SPILLWAY_TRACE", dir + "/t.jsonl"}, {"SPILLWAY_TRACE_WINDOW", "last:0"}}));
   EXPECT_EQ(r.status, 0) << describe(r);
   EXPECT_NE(r.err.find("SPILLWAY_TRACE_WINDOW"), std::string::npos) << r.err;
+}
+
+// PyTorch's allocator trace under --framework-allocator keep (interpose/torch_tracker.h),
+// against the fake libc10_cuda.so laid out as torch 2.5's: the tracker attaches and the
+// launch of a tensor in a segment's middle gets the tensor's extent, not the scan's 64 MiB.
+struct TorchRun {
+  RunResult r;
+  nlohmann::json report;
+  Trace trace;
+};
+
+TorchRun run_torch_trace(const std::string& lib, const std::string& mode, Env extra = {}) {
+  const std::string dir = temp_dir();
+  extra.emplace("SPILLWAY_FRAMEWORK_ALLOCATOR", "keep");
+  extra["SPILLWAY_REPORT"] = dir + "/report.json";
+  extra["SPILLWAY_TRACE"] = dir + "/t.jsonl";
+  extra["SPILLWAY_LOG"] = "info";
+  TorchRun t;
+  t.r = run({kPrograms + "/torch_trace", lib, mode}, fake_env(extra));
+  if (t.r.status == 0) {
+    t.report = nlohmann::json::parse(read_file(dir + "/report.json"));
+    t.trace = read_trace(dir + "/t.jsonl");
+  }
+  return t;
+}
+
+// The one kernel's read of the segment: (id, offset, bytes).
+std::vector<std::uint64_t> segment_read(const TorchRun& t) {
+  const std::uint64_t seg = hex(field(t.r.out, "SEG"));
+  auto k = t.trace.kernels();
+  if (k.size() != 1 || !t.trace.id_of_addr.count(seg)) return {};
+  auto r = reads(k[0]);
+  return r.size() == 1 ? *r.begin() : std::vector<std::uint64_t>{};
+}
+
+// A copy of the fake in dir/torch/lib with a torch/version.py of `version`.
+std::string fake_torch_copy(const std::string& version) {
+  const std::string dir = temp_dir();
+  std::filesystem::create_directories(dir + "/torch/lib");
+  std::filesystem::copy_file(FAKE_C10_CUDA_LIB, dir + "/torch/lib/libc10_cuda.so");
+  std::ofstream(dir + "/torch/version.py") << "__version__ = '" << version << "'\n";
+  return dir + "/torch/lib/libc10_cuda.so";
+}
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+TEST(TorchTrace, KeepFollowsTheCachingAllocatorsTensors) {
+  TorchRun t = run_torch_trace(FAKE_C10_CUDA_LIB, "follow");
+  ASSERT_EQ(t.r.status, 0) << describe(t.r);
+  EXPECT_EQ(lines_with(t.r.err, "PyTorch's allocator trace: attached: torch 2.5").size(), 1u) << t.r.err;
+  const nlohmann::json& f = t.report["framework_trace"];
+  EXPECT_EQ(f["state"], "attached: torch 2.5");
+  EXPECT_EQ(f["extents_from"], "allocator trace");
+  EXPECT_EQ(f["tensor_allocs"], 4) << "A, B, C and the small segment's tensor";
+  EXPECT_EQ(f["live_tensors"], 1) << "A: B and C were freed (C once its events completed)";
+  EXPECT_EQ(f["segments"], 1) << "the small segment was released";
+  EXPECT_EQ(f["events_refused"], 0);
+  const std::uint64_t seg = hex(field(t.r.out, "SEG"));
+  EXPECT_EQ(segment_read(t), (std::vector<std::uint64_t>{t.trace.id_of_addr.at(seg), 100 * kMiB, 10 * kMiB}))
+      << "the tensor's 10 MiB";
+}
+
+TEST(TorchTrace, AVersionNotCheckedIsRefusedWithOneLineAndTheScanStays) {
+  TorchRun t = run_torch_trace(fake_torch_copy("2.1.2+cu121"), "follow");
+  ASSERT_EQ(t.r.status, 0) << describe(t.r);
+  const std::string why = "off: torch 2.1 is not a version whose trace layout was checked (2.2 to 2.15)";
+  EXPECT_EQ(lines_with(t.r.err, "PyTorch's allocator trace: " + why).size(), 1u) << t.r.err;
+  EXPECT_EQ(t.report["framework_trace"]["state"], why);
+  EXPECT_EQ(t.report["framework_trace"]["extents_from"], "argument scan") << "the fake driver gives no fault feedback";
+  EXPECT_EQ(t.report["framework_trace"]["tensor_allocs"], 0);
+  const std::uint64_t seg = hex(field(t.r.out, "SEG"));
+  EXPECT_EQ(segment_read(t), (std::vector<std::uint64_t>{t.trace.id_of_addr.at(seg), 100 * kMiB, 64 * kMiB}))
+      << "a pointer into the segment's middle: the scan's 64 MiB";
+}
+
+TEST(TorchTrace, AnAllocatorWithoutItsSymbolTableIsRefused) {
+  const std::string lib = fake_torch_copy("2.5.1");
+  if (std::system(("objcopy --strip-all " + lib + " 2>/dev/null").c_str()) != 0) GTEST_SKIP() << "no objcopy";
+  TorchRun t = run_torch_trace(lib, "follow");
+  ASSERT_EQ(t.r.status, 0) << describe(t.r);
+  EXPECT_TRUE(t.report["framework_trace"]["state"].get<std::string>().starts_with(
+      "off: the CUDA allocator is not torch 2.5's native caching allocator as its symbol table shows it"))
+      << t.report["framework_trace"];
+  EXPECT_EQ(t.report["framework_trace"]["tensor_allocs"], 0);
+}
+
+TEST(TorchTrace, AnAllocatorNotInitializedIsNotAttachedYet) {
+  TorchRun t = run_torch_trace(FAKE_C10_CUDA_LIB, "uninit");
+  ASSERT_EQ(t.r.status, 0) << describe(t.r);
+  EXPECT_EQ(t.report["framework_trace"]["state"], "off so far: PyTorch's CUDA allocator is not initialized (1 allocations)");
+  EXPECT_EQ(t.report["framework_trace"]["tensor_allocs"], 0);
+}
+
+TEST(TorchTrace, PerTensorModeFollowsNothing) {
+  TorchRun t = run_torch_trace(FAKE_C10_CUDA_LIB, "follow", {{"SPILLWAY_FRAMEWORK_ALLOCATOR", "per-tensor"}});
+  ASSERT_EQ(t.r.status, 0) << describe(t.r);
+  EXPECT_TRUE(lines_with(t.r.err, "PyTorch's allocator trace").empty()) << t.r.err;
+  EXPECT_EQ(t.report["framework_trace"]["extents_from"], "per-tensor");
+  EXPECT_EQ(t.report["framework_trace"]["tensor_allocs"], 0);
 }
 
 }  // namespace

@@ -284,6 +284,8 @@ Stats Engine::stats_locked() const {
   else if (!plans_.facts().wants_faults) s.fault_feedback = "off: policy " + plans_.facts().name + " does not use it";
   else s.fault_feedback = backend_.fault_feedback_state();
   if (wants_fault_feedback()) backend_.migrated_bytes(&s.migrated_to_gpu_bytes, &s.migrated_to_host_bytes);
+  s.framework_trace = config_.framework_per_tensor ? "off: per-tensor mode (no framework allocator to follow)"
+                                                   : backend_.framework_trace_state();
   // (The tables as last read: reading them takes the allocation table's lock, which an
   // exit-time report must not wait for.)
   s.state_bytes = own_state_.tables_bytes + policies;

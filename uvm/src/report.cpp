@@ -24,6 +24,24 @@ bool migrations_counted(const Stats& s) {
   return !s.fault_feedback.starts_with("off") || s.migrated_to_gpu_bytes != 0 || s.migrated_to_host_bytes != 0;
 }
 
+// Where launches' extents come from under a framework's own allocator (docs/configuration.md,
+// "When to use keep"): its allocator trace, else fault feedback, else the argument scan alone.
+const char* extent_truth(const Stats& s) {
+  if (s.framework_trace.starts_with("off: per-tensor")) return "per-tensor";
+  if (!s.framework_trace.starts_with("off")) return "allocator trace";
+  return s.fault_feedback.starts_with("off") ? "argument scan" : "fault feedback";
+}
+
+std::string describe_extent_truth(const Stats& s) {
+  const std::string truth = extent_truth(s);
+  if (truth == "allocator trace") {
+    return fmt::format("allocator trace ({}): {} segments, {} live tensors, {} tensor allocations, {} events refused",
+                       s.framework_trace, s.framework_segments, s.framework_tensors, s.framework_tensor_allocs,
+                       s.framework_events_refused);
+  }
+  return fmt::format("{} (allocator trace {}; fault feedback {})", truth, s.framework_trace, s.fault_feedback);
+}
+
 }  // namespace
 
 std::string describe_calls(const Stats& s) {
@@ -86,6 +104,7 @@ std::string stats_table(const Stats& s) {
                             : fmt::format("{}: {} faults, {} ranges refined, {} in / {} out migrated", s.fault_feedback,
                                           s.fault_records, s.refined_accesses, format_bytes(s.migrated_to_gpu_bytes),
                                           format_bytes(s.migrated_to_host_bytes)));
+  if (std::string_view(extent_truth(s)) != "per-tensor") row("extents under the cache", describe_extent_truth(s));
   row("own state (peak / budget)", fmt::format("{} / {}", format_bytes(s.state_peak_bytes), format_bytes(s.state_budget_bytes)));
   if (s.backend_errors) row("driver calls refused", fmt::format("{}", s.backend_errors));
   if (s.devices.size() > 1) {  // (one device: the rows above are its own)
@@ -161,6 +180,13 @@ nlohmann::json stats_json(const Stats& s) {
         {"refined_accesses", s.refined_accesses},
         {"migrated_to_gpu", s.migrated_to_gpu_bytes},
         {"migrated_to_host", s.migrated_to_host_bytes}}},
+      {"framework_trace",
+       {{"state", s.framework_trace},
+        {"extents_from", extent_truth(s)},
+        {"segments", s.framework_segments},
+        {"live_tensors", s.framework_tensors},
+        {"tensor_allocs", s.framework_tensor_allocs},
+        {"events_refused", s.framework_events_refused}}},
       {"state_memory",
        {{"now", s.state_bytes},
         {"peak", s.state_peak_bytes},

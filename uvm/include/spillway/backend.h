@@ -141,6 +141,10 @@ class Backend {
   virtual bool fault_feedback() { return false; }
   virtual std::size_t take_faults(std::vector<FaultRecord>& out) { (void)out; return 0; }
   virtual std::string fault_feedback_state() { return "off: not supported by this backend"; }
+  // Whether a framework's allocator reports its tensors to the Engine (Engine::follow_segment
+  // and note_tensor_*; the shim: PyTorch's allocator trace, interpose/torch_tracker.h): "off:
+  // <why>" when it does not.
+  virtual std::string framework_trace_state() { return "off: not supported by this backend"; }
   // Bytes the driver migrated toward the GPU and toward the host since the feedback began, as
   // it reports them (CUPTI: BYTES_TRANSFER_HTOD / _DTOH counters; 0 without feedback).
   virtual void migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) { *to_gpu = 0, *to_host = 0; }

@@ -99,6 +99,8 @@ struct Stats {
   std::uint64_t refined_accesses = 0;         // footprint ranges the policy corrected from them
   std::uint64_t migrated_to_gpu_bytes = 0;    // bytes the driver migrated toward the GPU, as the feedback reports them
   std::uint64_t migrated_to_host_bytes = 0;   // ... and toward the host (0 without feedback)
+  std::string framework_trace = "off";        // whether a framework's allocator reports its tensors: "off: <why>",
+                                              // Backend::framework_trace_state() under SPILLWAY_FRAMEWORK_ALLOCATOR=keep
   std::uint64_t framework_segments = 0;       // a framework's segments followed now (Engine::follow_segment)
   std::uint64_t framework_tensors = 0;        // live tensors noted in them now
   std::uint64_t framework_tensor_allocs = 0;  // tensor allocations noted (note_tensor_alloc)

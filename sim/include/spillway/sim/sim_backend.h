@@ -106,6 +106,9 @@ class SimBackend final : public Backend {
   bool fault_feedback() override { return params_.fault_feedback; }
   std::size_t take_faults(std::vector<FaultRecord>& out) override;
   std::string fault_feedback_state() override { return params_.fault_feedback ? "simulator" : "off: --fault-feedback off"; }
+  std::string framework_trace_state() override {
+    return trace_.allocator == AllocatorView::pytorch_tracked ? "simulator" : "off: the allocator view is not pytorch-tracked";
+  }
   void migrated_bytes(std::uint64_t* to_gpu, std::uint64_t* to_host) override;
   void begin_launch(std::uint64_t seq) override { launch_seq_ = seq; }
 
