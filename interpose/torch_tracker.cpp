@@ -27,8 +27,8 @@ namespace spillway::interpose {
 
 namespace {
 
-// Read from each version's headers by scripts/torch-trace-abi, checked against the vtables of
-// libc10_cuda.so 2.5.1 and 2.9.1 (docs/design.md).
+// Read from each version's headers by scripts/torch-trace-abi, and checked by it against the
+// native allocator's vtable in that version's libc10_cuda.so (docs/design.md).
 constexpr std::array<TorchTraceLayout, 14> kLayouts{{
     {2, 2, 208, 64, false},  {2, 3, 224, 80, false},  {2, 4, 224, 80, false},  {2, 5, 240, 80, false},
     {2, 6, 280, 80, false},  {2, 7, 280, 80, false},  {2, 8, 304, 80, true},   {2, 9, 312, 48, true},
@@ -37,8 +37,9 @@ constexpr std::array<TorchTraceLayout, 14> kLayouts{{
 }};
 
 constexpr const char* kAllocatorSymbol = "_ZN3c104cuda20CUDACachingAllocator9allocatorE";
+// (libstdc++'s std::function of a const reference: the TraceEntry's namespace changes at 2.11.)
 constexpr std::string_view kNativeAttach =
-    "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator27attachAllocatorTraceTrackerE";
+    "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator27attachAllocatorTraceTrackerESt8functionIFvRKN";
 constexpr std::string_view kNativeInitialized = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator11initializedEv";
 constexpr int kMaxTries = 64;  // allocations that may find PyTorch absent or not initialized yet
 
