@@ -266,6 +266,14 @@ nlohmann::json links_json() {
   return links;
 }
 
+// Where launches' extents will come from (docs/configuration.md, "When to use keep").
+std::string extents_text(const Facts& f) {
+  if (f.config.framework_per_tensor) return "per-tensor mode: every tensor a block of its own (SPILLWAY_FRAMEWORK_ALLOCATOR)";
+  return fmt::format("framework allocator kept: PyTorch's allocator trace where torch 2.2 to 2.15 is loaded (checked at run "
+                     "time), else {}",
+                     f.config.fault_feedback && f.cupti_found ? "fault feedback" : "the argument scan alone");
+}
+
 void print_json(const Facts& f) {
   const Report& rep = f.rep;
   nlohmann::json j;
@@ -280,6 +288,7 @@ void print_json(const Facts& f) {
   j["driver"] = drv;
   j["host"] = {{"memory_bytes", f.host}, {"managed_cap_bytes", f.cap}};
   j["cupti"] = {{"found", f.cupti_found}, {"path", f.cupti_path}};
+  j["extents"] = extents_text(f);
   j["devices"] = nlohmann::json::array();
   for (const Device& d : rep.devices) j["devices"].push_back(device_json(d));
   j["settings"] = nlohmann::json::array();
@@ -319,6 +328,7 @@ void print_text(const Facts& f) {
   out += fmt::format("host       {} of memory; managed cap {} (SPILLWAY_MAX_MANAGED)\n", format_bytes(f.host), format_bytes(f.cap));
   out += fmt::format("CUPTI      {}\n", f.cupti_found ? f.cupti_path
                                                       : std::string("not found (") + kCuptiSearchText + "): no fault feedback");
+  out += fmt::format("extents    {}\n", extents_text(f));
   if (rep.driver_error.empty() && rep.devices.empty()) out += "devices    none\n";
   for (const Device& d : rep.devices) out += device_text(d, f.config);
   out += "settings   (source: default, variable = the environment, option = given here)\n";

@@ -809,6 +809,16 @@ TEST(SpillwayInfo, JsonGivesTheDeviceTheBudgetTheCapAndWhereEachSettingCameFrom)
   EXPECT_EQ(settings["SPILLWAY_LOG"], std::make_pair(std::string("info"), std::string("variable")));
   EXPECT_EQ(settings["SPILLWAY_POLICY"], std::make_pair(std::string("learned"), std::string("default")));
   EXPECT_GE(settings.size(), 14u);
+  EXPECT_TRUE(j["extents"].get<std::string>().starts_with("per-tensor mode")) << j["extents"];
+}
+
+TEST(SpillwayInfo, SaysWhereExtentsComeFromUnderTheFrameworksAllocator) {
+  RunResult r = run({kCli, "info", "--json", "--framework-allocator", "keep", "--fault-feedback", "off"},
+                    {{"LD_LIBRARY_PATH", kFakeDir}});
+  ASSERT_EQ(r.status, 0) << describe(r);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["extents"],
+            "framework allocator kept: PyTorch's allocator trace where torch 2.2 to 2.15 is loaded (checked at run time), "
+            "else the argument scan alone");
 }
 
 TEST(SpillwayInfo, TableFitsOneScreenAndSaysWhenTheDeviceCannotBeManaged) {
