@@ -97,7 +97,7 @@ std::optional<CUresult> allocate_managed(CUdeviceptr* dptr, std::uint64_t bytes,
     return std::nullopt;
   }
   // Under the framework's own allocator, its trace (PyTorch's) is followed once it can be.
-  if (!e->config().framework_per_tensor) interpose::maybe_attach_torch_tracker(*e);
+  if (!e->config().framework_per_tensor) interpose::maybe_attach_torch_tracker(*e, interpose::AttachPoint::allocation);
   std::uint64_t addr = 0;
   Result r;
   if (stream_ordered) {

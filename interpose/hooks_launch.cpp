@@ -46,6 +46,7 @@
 #include "duration_samples.h"
 #include "kernel_info.h"
 #include "shim.h"
+#include "torch_tracker.h"
 #include "spillway/footprint.h"
 #include "spillway/log.h"
 
@@ -162,6 +163,9 @@ class Observation {
   Observation(CUfunction function, const void* stub, CUgraphExec exec, CUstream stream, void** params, void** extra) {
     Engine* e = interpose::engine();
     if (e == nullptr || e->managed_bytes() == 0 || t_in_runtime_launch) return;
+    // Under the framework's own allocator, its trace is followed once it can be (here no
+    // allocator lock is held: the point for a process with several devices).
+    if (!e->config().framework_per_tensor) interpose::maybe_attach_torch_tracker(*e, interpose::AttachPoint::launch);
     const FuncInfo* fn = function != nullptr ? info_for(function) : stub != nullptr ? stub_info(stub) : nullptr;
     const std::uint64_t graph_key = reinterpret_cast<std::uintptr_t>(exec);
     poll_samples();

@@ -4,10 +4,10 @@
 #include <elf.h>
 #include <link.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -18,6 +18,7 @@
 #include <span>
 #include <sstream>
 #include <string_view>
+#include <vector>
 
 #include "shim.h"
 #include "spillway/engine.h"
@@ -41,7 +42,8 @@ constexpr const char* kAllocatorSymbol = "_ZN3c104cuda20CUDACachingAllocator9all
 constexpr std::string_view kNativeAttach =
     "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator27attachAllocatorTraceTrackerESt8functionIFvRKN";
 constexpr std::string_view kNativeInitialized = "_ZN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocator11initializedEv";
-constexpr int kMaxTries = 64;  // allocations that may find PyTorch absent or not initialized yet
+constexpr std::string_view kNativeVtable = "_ZTVN3c104cuda20CUDACachingAllocator6Native22NativeCachingAllocatorE";
+constexpr int kMaxTries = 64;  // allocations and launches that may find PyTorch absent or not initialized yet
 
 // TraceEntry::Action (c10/cuda/CUDACachingAllocator.h; the same values in 2.0-2.15).
 enum Action : std::int32_t { kAlloc = 0, kFreeRequested = 1, kFreeCompleted = 2, kSegmentAlloc = 3, kSegmentFree = 4 };
@@ -53,7 +55,9 @@ std::atomic<int> g_state{0};  // 0 trying, 1 attached, 2 refused
 std::atomic<Engine*> g_engine{nullptr};
 std::mutex g_mutex;           // one attempt at a time; guards g_tries and g_why
 int g_tries = 0;
-std::string g_why = "not tried";
+// Never destroyed: the exit report reads it from a library destructor, after static
+// destructors may have run (a shim loaded by dlopen).
+std::string& g_why = *new std::string("off: not tried yet");
 
 template <typename T>
 T read_at(const TorchTraceEntry& e, std::size_t offset) {
@@ -96,40 +100,51 @@ std::span<const Elf64_Shdr> section_headers(const Mapped& f) {
   return {reinterpret_cast<const Elf64_Shdr*>(f.base + eh->e_shoff), eh->e_shnum};
 }
 
-// The value of the first symbol of `symtab` whose name (in `strtab`) starts with `prefix`.
-std::optional<std::uint64_t> find_symbol(const Mapped& f, const Elf64_Shdr& symtab, const Elf64_Shdr& strtab,
-                                         std::string_view prefix) {
+struct Symbol {
+  std::uint64_t value = 0;
+  std::uint64_t size = 0;
+};
+
+// The first symbol of `symtab` whose name (in `strtab`) starts with `prefix` and holds no '.'
+// (a compiler's split-off part, `.cold` or `.part.0`, is another address).
+std::optional<Symbol> find_symbol(const Mapped& f, const Elf64_Shdr& symtab, const Elf64_Shdr& strtab,
+                                  std::string_view prefix) {
   if (!f.holds(symtab.sh_offset, symtab.sh_size) || !f.holds(strtab.sh_offset, strtab.sh_size)) return std::nullopt;
   const auto* syms = reinterpret_cast<const Elf64_Sym*>(f.base + symtab.sh_offset);
   const char* names = reinterpret_cast<const char*>(f.base + strtab.sh_offset);
   for (std::uint64_t i = 0; i < symtab.sh_size / sizeof(Elf64_Sym); ++i) {
     if (syms[i].st_name >= strtab.sh_size || syms[i].st_value == 0) continue;
-    const char* name = names + syms[i].st_name;
-    if (std::string_view(name, strnlen(name, strtab.sh_size - syms[i].st_name)).starts_with(prefix)) return syms[i].st_value;
+    const char* text = names + syms[i].st_name;
+    const std::string_view name(text, strnlen(text, strtab.sh_size - syms[i].st_name));
+    if (name.starts_with(prefix) && name.find('.') == std::string_view::npos) return Symbol{syms[i].st_value, syms[i].st_size};
   }
   return std::nullopt;
 }
 
-// The value of the symbol of `file` whose name starts with `prefix`, from its .symtab (local
-// symbols included); nullopt when the file has none or is not a well-formed ELF64 file.
-std::optional<std::uint64_t> symtab_value(const char* file, std::string_view prefix) {
-  const int fd = open(file, O_RDONLY | O_CLOEXEC);
+// The symbol of `file` whose name starts with `prefix` (find_symbol), from its .symtab (local
+// symbols included); nullopt when the file has none or is not a well-formed ELF64 file. Read
+// with pread, not mapped: a file changed meanwhile can only make the look-up fail.
+std::optional<Symbol> symtab_symbol(const char* file, std::string_view prefix) {
+  const int fd = open(file, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return std::nullopt;
   struct stat st {};
-  void* map = fstat(fd, &st) == 0 && st.st_size > 0
-                  ? mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0)
-                  : MAP_FAILED;
+  std::vector<unsigned char> bytes;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0 && st.st_size < (off_t(1) << 31)) {
+    bytes.resize(static_cast<std::size_t>(st.st_size));
+    std::size_t got = 0;
+    for (ssize_t n = 1; got < bytes.size() && n > 0; got += static_cast<std::size_t>(std::max<ssize_t>(n, 0))) {
+      n = pread(fd, bytes.data() + got, bytes.size() - got, static_cast<off_t>(got));
+    }
+    bytes.resize(got);
+  }
   close(fd);
-  if (map == MAP_FAILED) return std::nullopt;
-  const Mapped f{static_cast<const unsigned char*>(map), static_cast<std::uint64_t>(st.st_size)};
-  std::optional<std::uint64_t> found;
+  const Mapped f{bytes.data(), bytes.size()};
   const std::span<const Elf64_Shdr> sections = section_headers(f);
   for (const Elf64_Shdr& sh : sections) {
-    if (sh.sh_type == SHT_SYMTAB && sh.sh_link < sections.size()) found = find_symbol(f, sh, sections[sh.sh_link], prefix);
-    if (found) break;
+    if (sh.sh_type != SHT_SYMTAB || sh.sh_link >= sections.size()) continue;
+    if (std::optional<Symbol> s = find_symbol(f, sh, sections[sh.sh_link], prefix)) return s;
   }
-  munmap(map, static_cast<std::size_t>(f.size));
-  return found;
+  return std::nullopt;
 }
 
 std::optional<std::pair<int, int>> version_beside(const std::string& library) {
@@ -149,16 +164,30 @@ void decide(int state, std::string why) {
 
 // Not yet: a later allocation tries again, up to kMaxTries.
 void later(const char* why) {
-  if (++g_tries >= kMaxTries) return decide(2, fmt::format("off: {} after {} allocations", why, g_tries));
-  g_why = fmt::format("off so far: {} ({} allocations)", why, g_tries);
+  if (++g_tries >= kMaxTries) return decide(2, fmt::format("off: {} after {} tries", why, g_tries));
+  g_why = fmt::format("off so far: {} ({} tries)", why, g_tries);
 }
 
-// The vtable entry at `offset` bytes, if it is the native allocator's method `prefix`.
-void* checked_entry(void* const* vtable, long offset, const Dl_info& lib, std::string_view prefix) {
-  const std::optional<std::uint64_t> value = symtab_value(lib.dli_fname, prefix);
-  if (!value) return nullptr;
+// The object's vtable, if it is the native allocator's (`_ZTV...NativeCachingAllocatorE` in
+// the symbol table: the object's vtable pointer is its address point, 16 bytes in), with its
+// size in bytes from there; nullptr otherwise.
+void* const* native_vtable(void* allocator, const Dl_info& lib, std::uint64_t* bytes) {
+  const std::optional<Symbol> table = symtab_symbol(lib.dli_fname, kNativeVtable);
+  if (!table || table->size < 16) return nullptr;
+  void* const* vtable = *static_cast<void* const* const*>(allocator);
+  if (reinterpret_cast<const char*>(vtable) != static_cast<const char*>(lib.dli_fbase) + table->value + 16) return nullptr;
+  *bytes = table->size - 16;
+  return vtable;
+}
+
+// The vtable entry at `offset` bytes, if it lies inside the vtable and is the native
+// allocator's method `prefix`.
+void* checked_entry(void* const* vtable, std::uint64_t vtable_bytes, long offset, const Dl_info& lib, std::string_view prefix) {
+  if (offset < 0 || static_cast<std::uint64_t>(offset) + sizeof(void*) > vtable_bytes) return nullptr;
+  const std::optional<Symbol> method = symtab_symbol(lib.dli_fname, prefix);
+  if (!method) return nullptr;
   void* entry = vtable[offset / static_cast<long>(sizeof(void*))];
-  return entry == static_cast<char*>(lib.dli_fbase) + *value ? entry : nullptr;
+  return entry == static_cast<char*>(lib.dli_fbase) + method->value ? entry : nullptr;
 }
 
 // The path of the loaded libc10_cuda.so, or "" (PyTorch's extension loads it RTLD_LOCAL, so
@@ -185,7 +214,20 @@ void* allocator_symbol(const std::string& library) {
   return symbol;
 }
 
+// The process sees exactly one device (cuDeviceGetCount; ShimCallScope: the shim's own call).
+bool single_device() {
+  static const bool one = [] {
+    ShimCallScope scope;
+    int count = 0;
+    return real().cuDeviceGetCount != nullptr && real().cuDeviceGetCount(&count) == CUDA_SUCCESS && count == 1;
+  }();
+  return one;
+}
+
 void attempt(Engine& engine) {
+#ifdef _LIBCPP_VERSION
+  return decide(2, "off: this shim was built with libc++; PyTorch's tracker is a libstdc++ std::function");
+#endif
   const std::string library = loaded_c10_cuda();
   void* symbol = library.empty() ? nullptr : allocator_symbol(library);
   if (symbol == nullptr) return later("PyTorch's CUDA allocator (libc10_cuda.so) is not loaded");
@@ -200,9 +242,11 @@ void attempt(Engine& engine) {
   }
   void* allocator = __atomic_load_n(static_cast<void**>(symbol), __ATOMIC_ACQUIRE);
   if (allocator == nullptr) return later("PyTorch's CUDA allocator is not set");
-  void* const* vtable = *static_cast<void* const* const*>(allocator);
-  void* attach = checked_entry(vtable, layout->attach_offset, lib, kNativeAttach);
-  void* initialized = checked_entry(vtable, layout->initialized_offset, lib, kNativeInitialized);
+  std::uint64_t vtable_bytes = 0;
+  void* const* vtable = native_vtable(allocator, lib, &vtable_bytes);
+  void* attach = vtable == nullptr ? nullptr : checked_entry(vtable, vtable_bytes, layout->attach_offset, lib, kNativeAttach);
+  void* initialized =
+      vtable == nullptr ? nullptr : checked_entry(vtable, vtable_bytes, layout->initialized_offset, lib, kNativeInitialized);
   if (attach == nullptr || initialized == nullptr) {
     return decide(2, fmt::format("off: the CUDA allocator is not torch {}.{}'s native caching allocator as its symbol table "
                                  "shows it (another allocator backend, or a library without .symtab)",
@@ -227,14 +271,16 @@ std::optional<TorchTraceLayout> torch_trace_layout(int major, int minor) {
 }
 
 std::optional<std::pair<int, int>> parse_torch_version(const std::string& version_py) {
-  static const std::regex re(R"(__version__\s*(?::\s*str\s*)?=\s*['"](\d+)\.(\d+))");
+  // (Never destroyed, as g_why.)
+  static const std::regex& re = *new std::regex(R"(__version__\s*(?::\s*str\s*)?=\s*['"](\d+)\.(\d+))");
   std::smatch m;
   if (!std::regex_search(version_py, m, re)) return std::nullopt;
   return std::pair<int, int>{std::stoi(m[1]), std::stoi(m[2])};
 }
 
-void maybe_attach_torch_tracker(Engine& engine) noexcept {
+void maybe_attach_torch_tracker(Engine& engine, AttachPoint where) noexcept {
   if (g_state.load(std::memory_order_acquire) != 0) return;
+  if (where == AttachPoint::allocation && !single_device()) return;
   // Never wait for another thread's attempt: it may be inside PyTorch's allocator, waiting
   // for the lock of the device this thread's allocation holds (the attach takes every
   // device allocator's lock in turn). This allocation just goes without it.
@@ -243,15 +289,14 @@ void maybe_attach_torch_tracker(Engine& engine) noexcept {
   try {
     attempt(engine);
   } catch (...) {
-    g_why = "off: an internal error while attaching";
-    g_state.store(2, std::memory_order_release);
+    decide(2, "off: an internal error while attaching");
   }
 }
 
 std::string torch_tracker_state() {
   // (Never waits: an attempt in progress may be held inside PyTorch's allocator.)
   std::unique_lock lock(g_mutex, std::try_to_lock);
-  return lock.owns_lock() ? g_why : "being attached";
+  return lock.owns_lock() ? g_why : "off: being attached";
 }
 
 }  // namespace spillway::interpose

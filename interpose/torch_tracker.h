@@ -22,8 +22,10 @@
 //     read at the table's offsets: action_ (int32 at 0), addr_ (8), stream_ (32), size_
 //     (40), mempool_ (48, from 2.8).
 // Refused (one line at info level saying why; the shim goes on with fault feedback) where any
-// step fails: not PyTorch, a version outside 2.2-2.15, no symbol table, an allocator not
-// initialized after kMaxTries allocations.
+// step fails: not PyTorch, a version outside 2.2-2.15, no symbol table, an allocator object
+// that is not the native allocator's (its vtable pointer is checked against the symbol
+// table's vtable), an allocator not initialized after kMaxTries tries, a shim not built with
+// libstdc++ (the std::function passed must be PyTorch's).
 //
 // Thread-safe. The tracker runs inside PyTorch's allocator, under its lock: it calls only
 // the Engine's followed-tensor functions (leaf locks, no Backend calls, never throws).
@@ -51,11 +53,18 @@ std::optional<TorchTraceLayout> torch_trace_layout(int major, int minor);
 // major.minor from a torch/version.py's text (`__version__ = '2.5.1+cu124'`).
 std::optional<std::pair<int, int>> parse_torch_version(const std::string& version_py);
 
+// Where an attempt is made. `allocation`: a redirected allocation's hook, before the
+// allocation (it may run inside PyTorch's allocator, holding one device's lock, so that the
+// segment being allocated is followed from its SEGMENT_ALLOC on); tried there only while the
+// process sees one device, since the attach takes every device allocator's lock in turn,
+// which PyTorch itself never nests. `launch`: a launch hook, where no allocator lock is held
+// (with several devices the segments allocated before the first launch stay unfollowed).
+enum class AttachPoint { allocation, launch };
 // Tries to attach the tracker (at most once successfully; after kMaxTries unsuccessful
-// tries, or a refusal, never again). Called by the allocation hooks under `keep`, before
-// the allocation is made. Lock-free once decided.
-void maybe_attach_torch_tracker(Engine& engine) noexcept;
-// "attached: torch 2.5" / "off: <why>" / "not tried" (Backend::framework_trace_state).
+// tries, or a refusal, never again). Called under `keep` only. Lock-free once decided.
+void maybe_attach_torch_tracker(Engine& engine, AttachPoint where) noexcept;
+// "attached: torch 2.5" / "off: <why>" / "off so far: <why>" / "off: not tried yet" /
+// "off: being attached" (Backend::framework_trace_state).
 std::string torch_tracker_state();
 
 }  // namespace spillway::interpose

@@ -697,11 +697,40 @@ TEST(TorchTrace, AnAllocatorWithoutItsSymbolTableIsRefused) {
   EXPECT_EQ(t.report["framework_trace"]["tensor_allocs"], 0);
 }
 
+TEST(TorchTrace, AVtableNotLaidOutAsTheVersionSaysIsRefusedBeforeAnyCall) {
+  // The fake is laid out as 2.5 (attach at 240); 2.6 puts it at 280: the entry there is not
+  // the native allocator's attachAllocatorTraceTracker.
+  TorchRun t = run_torch_trace(fake_torch_copy("2.6.0"), "follow");
+  ASSERT_EQ(t.r.status, 0) << describe(t.r);
+  EXPECT_TRUE(t.report["framework_trace"]["state"].get<std::string>().starts_with(
+      "off: the CUDA allocator is not torch 2.6's native caching allocator"))
+      << t.report["framework_trace"];
+  EXPECT_EQ(t.report["framework_trace"]["tensor_allocs"], 0);
+  EXPECT_EQ(t.report["framework_trace"]["extents_from"], "argument scan");
+}
+
 TEST(TorchTrace, AnAllocatorNotInitializedIsNotAttachedYet) {
   TorchRun t = run_torch_trace(FAKE_C10_CUDA_LIB, "uninit");
   ASSERT_EQ(t.r.status, 0) << describe(t.r);
-  EXPECT_EQ(t.report["framework_trace"]["state"], "off so far: PyTorch's CUDA allocator is not initialized (1 allocations)");
+  EXPECT_EQ(t.report["framework_trace"]["state"], "off so far: PyTorch's CUDA allocator is not initialized (2 tries)")
+      << "the segment's allocation and the launch";
   EXPECT_EQ(t.report["framework_trace"]["tensor_allocs"], 0);
+  EXPECT_EQ(t.report["framework_trace"]["extents_from"], "argument scan");
+}
+
+// With several devices the attach never happens inside an allocation (it would take every
+// device allocator's lock while PyTorch holds one): it waits for the first launch, so the
+// tensors allocated before it are not followed, and their frees are refused, counted.
+TEST(TorchTrace, SeveralDevicesAttachAtALaunchNotInsideTheAllocator) {
+  TorchRun t = run_torch_trace(FAKE_C10_CUDA_LIB, "follow", {{"FAKECUDA_DEVICES", "2"}});
+  ASSERT_EQ(t.r.status, 0) << describe(t.r);
+  const nlohmann::json& f = t.report["framework_trace"];
+  EXPECT_EQ(f["state"], "attached: torch 2.5");
+  EXPECT_EQ(f["tensor_allocs"], 1) << "only the small segment's tensor, after the launch";
+  EXPECT_EQ(f["events_refused"], 2) << "B's and C's frees: their allocations came before the attach";
+  const std::uint64_t seg = hex(field(t.r.out, "SEG"));
+  EXPECT_EQ(segment_read(t), (std::vector<std::uint64_t>{t.trace.id_of_addr.at(seg), 100 * kMiB, 64 * kMiB}))
+      << "the launch that attached was planned with the scan's extent";
 }
 
 TEST(TorchTrace, PerTensorModeFollowsNothing) {

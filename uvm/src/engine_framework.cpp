@@ -1,6 +1,8 @@
 // A framework's own allocator, followed (engine.h; docs/design.md, "A framework's allocator,
 // followed"): its segments are our blocks, its tensors inside them come and go as it reports,
 // and a launch's pointer into one is given that tensor's extent.
+#include <algorithm>
+
 #include "spillway/engine.h"
 
 namespace spillway {
@@ -24,8 +26,10 @@ std::optional<Block> Engine::find_extent(std::uint64_t addr) const {
   std::optional<Block> block = table_.find(addr);
   if (!block || framework_.live_tensors() == 0) return block;
   if (std::optional<FrameworkTensors::Extent> tensor = framework_.find(addr); tensor && block->contains(tensor->base)) {
+    // (Clipped to the block: a tensor left from a block released meanwhile never widens it.)
+    const std::uint64_t end = std::min(tensor->end, block->end());
     block->base = tensor->base;
-    block->bytes = tensor->bytes();
+    block->bytes = end - tensor->base;
   }
   return block;
 }

@@ -28,7 +28,7 @@ bool migrations_counted(const Stats& s) {
 // "When to use keep"): its allocator trace, else fault feedback, else the argument scan alone.
 const char* extent_truth(const Stats& s) {
   if (s.framework_trace.starts_with("off: per-tensor")) return "per-tensor";
-  if (!s.framework_trace.starts_with("off")) return "allocator trace";
+  if (s.framework_trace.starts_with("attached") || s.framework_trace == "simulator") return "allocator trace";
   return s.fault_feedback.starts_with("off") ? "argument scan" : "fault feedback";
 }
 
