@@ -152,7 +152,6 @@ class EventCompiler {
   void add_alloc(const trace::Event& e);
   std::uint32_t add_tensor(const trace::Event& e);
   std::uint32_t add_followed_tensor(const trace::Event& e);
-  std::uint32_t add_shared_block(std::uint64_t addr, std::uint64_t bytes);
   void add_free(const trace::Event& e);
   void add_kernel(const trace::Event& e);
   void add_range(const trace::Range& r, bool write, KernelDraft& k);
@@ -216,12 +215,6 @@ std::uint32_t EventCompiler::carve_block(std::uint64_t bytes, std::uint64_t site
     ct_.ranges.emplace_back(start, static_cast<std::uint32_t>(range / kChunkBytes));
     addr = shim_.allocate(bytes, site);
   }
-  return add_shared_block(addr, bytes);
-}
-
-// (`spillway`) A block at `addr` that may share its end chunks with other live blocks: fresh
-// only where every chunk it lies on was free of live blocks.
-std::uint32_t EventCompiler::add_shared_block(std::uint64_t addr, std::uint64_t bytes) {
   const std::uint32_t first = static_cast<std::uint32_t>((addr - kArenaBase) / kChunkBytes);
   const std::uint32_t last = static_cast<std::uint32_t>((addr + bytes - 1 - kArenaBase) / kChunkBytes);
   const std::uint32_t seq = static_cast<std::uint32_t>(ct_.blocks.size());
@@ -286,16 +279,8 @@ std::uint32_t EventCompiler::add_tensor(const trace::Event& e) {
 // orig_size, ...) in malloc). Its entry in `blocks` is numbered in the Policies' allocation
 // order (segments and tensors alike reach on_alloc).
 std::uint32_t EventCompiler::add_followed_tensor(const trace::Event& e) {
-  Tensor tensor;
-  tensor.place = framework_.allocate(e.bytes);
-  tensor.bytes = e.bytes;
-  if (tensor.place.new_segment) {
-    const std::uint64_t seg_bytes = framework_.segments()[tensor.place.segment];
-    segment_seq_.push_back(place_block(seg_bytes, e.line));
-    ct_.segment_bytes += seg_bytes;
-  }
-  tensor.addr = ct_.blocks[segment_seq_[tensor.place.segment]].addr + tensor.place.offset;
-  tensors_[e.id] = tensor;
+  add_tensor(e);  // (places it as under `pytorch`: the segment's alloc op when it is new)
+  const Tensor& tensor = tensors_.at(e.id);
   const std::uint32_t first = static_cast<std::uint32_t>((tensor.addr - kArenaBase) / kChunkBytes);
   const std::uint32_t last = static_cast<std::uint32_t>((tensor.addr + e.bytes - 1 - kArenaBase) / kChunkBytes);
   const std::uint32_t seq = static_cast<std::uint32_t>(ct_.blocks.size());
