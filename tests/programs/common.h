@@ -50,6 +50,16 @@ inline void touch(CUdeviceptr p, size_t bytes, unsigned pattern = 0x5a5a1234u) {
   }
 }
 
+// Checks that the 32-bit word at p holds `want`; exits 1 saying where, if not.
+inline void expect_word(CUdeviceptr p, unsigned want) {
+  unsigned got = 0;
+  CHECK(cuMemcpyDtoH(&got, p, 4));
+  if (got != want) {
+    std::fprintf(stderr, "at %#llx: %u, expected %u\n", (unsigned long long)p, got, want);
+    std::exit(1);
+  }
+}
+
 // "--expect-managed=N" among the arguments: -1 if absent.
 inline int expected_managed(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {

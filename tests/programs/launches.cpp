@@ -41,15 +41,6 @@ void fill(const Kernels& k, CUdeviceptr p, unsigned long long count, unsigned va
   CHECK(cuLaunchKernel(k.fill, 1, 1, 1, 32, 1, 1, 0, s, params, nullptr));
 }
 
-void expect_word(CUdeviceptr p, unsigned want) {
-  unsigned got = 0;
-  CHECK(cuMemcpyDtoH(&got, p, 4));
-  if (got != want) {
-    std::fprintf(stderr, "at %#llx: %u, expected %u\n", (unsigned long long)p, got, want);
-    std::exit(1);
-  }
-}
-
 int args() {
   Kernels k = load();
   CUdeviceptr a = 0, b = 0, c = 0;

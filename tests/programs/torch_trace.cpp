@@ -58,15 +58,6 @@ void fill(CUdeviceptr p, unsigned long long count, unsigned value) {
   CHECK(cuCtxSynchronize());
 }
 
-void expect_word(CUdeviceptr p, unsigned want) {
-  unsigned got = 0;
-  CHECK(cuMemcpyDtoH(&got, p, 4));
-  if (got != want) {
-    std::fprintf(stderr, "at %#llx: %u, expected %u\n", (unsigned long long)p, got, want);
-    std::exit(1);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
