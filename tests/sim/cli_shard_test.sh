@@ -6,8 +6,30 @@
 #   cli_shard_test.sh SPILLWAY_CLI WORK_DIR SOURCE_DIR
 set -eu
 cli=$1 work=$2 src=$3
-traces="$src/bench/traces/BERT_Base-b256.jsonl.gz $src/bench/traces/resnet50-train-b512.jsonl.gz"
 mkdir -p "$work"
+# Two small traces of the same shape as a training step (layers' weights read forward and
+# backward, each layer's activation alive until its backward): the test is about parts and
+# joins, so the traces are kept small enough for the sanitizer builds.
+make_trace() {  # OUT LAYERS BYTES_PER_BLOCK
+  awk -v layers="$2" -v bytes="$3" 'BEGIN {
+    print "{\"format\":\"spillway-trace\",\"version\":1,\"source\":\"cli_shard_test.sh\"}"
+    for (l = 0; l < layers; l++) printf "{\"ev\":\"alloc\",\"id\":%d,\"bytes\":%d,\"kind\":\"weight\"}\n", l, bytes
+    for (it = 0; it < 3; it++) {
+      printf "{\"ev\":\"iter\",\"n\":%d}\n", it
+      for (l = 0; l < layers; l++) {
+        printf "{\"ev\":\"alloc\",\"id\":%d,\"bytes\":%d,\"kind\":\"activation\"}\n", 1000 + l, bytes * 2
+        printf "{\"ev\":\"kernel\",\"name\":\"fwd\",\"dur_ns\":%d,\"reads\":[%d],\"writes\":[%d]}\n", 200000 + 1000 * l, l, 1000 + l
+      }
+      for (l = layers - 1; l >= 0; l--) {
+        printf "{\"ev\":\"kernel\",\"name\":\"bwd\",\"dur_ns\":%d,\"reads\":[%d,%d],\"writes\":[%d]}\n", 400000, l, 1000 + l, l
+        printf "{\"ev\":\"free\",\"id\":%d}\n", 1000 + l
+      }
+    }
+  }' > "$1"
+}
+make_trace "$work/small-a.jsonl" 24 67108864
+make_trace "$work/small-b.jsonl" 40 20971520
+traces="$work/small-a.jsonl $work/small-b.jsonl"
 fail() { echo "FAIL: $*"; exit 1; }
 sweep() { "$cli" sweep $traces --policy demand,sequential --capacity 0.667,0.5 --link h200 --allocator none,spillway -q "$@"; }
 sweep --csv "$work/full.csv" > "$work/full.txt"
