@@ -632,21 +632,6 @@ int run_sweep(SimCommands::Options& o) {
   return 0;
 }
 
-// The move calls as JSON lines (bench/workloads/linkbench.cu --schedule reads them, in this
-// key order): direction, offset from the arena and bytes of the range, chunks copied, issue
-// time, the copy time charged, and what the same chunks cost as 2 MiB calls (`flat_ns`).
-void write_calls(const std::string& path, const std::vector<sim::MoveCall>& calls, const sim::LinkProfile& link) {
-  OutputFile out(path);
-  for (const sim::MoveCall& c : calls) {
-    const auto flat = static_cast<std::uint64_t>(std::ceil(sim::call_ns(link, c.to, kChunkBytes))) * c.copied_chunks;
-    out.write(fmt::format("{{\"to\": \"{}\", \"offset\": {}, \"bytes\": {}, \"copied_chunks\": {}, \"issue_ns\": {}, "
-                          "\"charged_ns\": {}, \"flat_ns\": {}}}\n",
-                          c.to == Location::gpu ? "gpu" : "cpu", c.offset, c.bytes, c.copied_chunks, c.issue_ns, c.charged_ns,
-                          flat));
-  }
-  out.close();
-}
-
 int run_replay(SimCommands::Options& o) {
   std::string policy = o.replay_policy.empty() ? "demand" : o.replay_policy;
   check_policies({policy});
@@ -678,6 +663,7 @@ int run_replay(SimCommands::Options& o) {
       r.engine.evicted_chunks, seconds(r.bound_ns), seconds(r.cut_bound_ns), bound.cut.cuts.size(), seconds(r.h2d_bound_ns),
       r.min_fetch.chunks, gbytes(r.min_fetch.bytes));
   std::cout << describe_calls(r.engine) << "\n";
+  if (views[0] == sim::AllocatorView::spillway) std::cout << describe_ranges(t);
   if (o.breakdown) std::cout << "time by what was busy: " << sim::describe(sim::breakdown(spans)) << "\n";
   if (!o.calls.empty()) {
     write_calls(o.calls, r.calls, p.link);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -217,6 +218,27 @@ void write_sweep_files(const std::string& csv_path, const std::string& plot, con
   if (!csv.empty()) write_csv(csv, results, speedups);
   if (!csv_path.empty()) std::cout << "CSV: " << csv_path << '\n';
   if (!plot.empty()) plot_sweep(plot, csv, tmp_csv);
+}
+
+void write_calls(const std::string& path, const std::vector<sim::MoveCall>& calls, const sim::LinkProfile& link) {
+  OutputFile out(path);
+  for (const sim::MoveCall& c : calls) {
+    const auto flat = static_cast<std::uint64_t>(std::ceil(sim::call_ns(link, c.to, kChunkBytes))) * c.copied_chunks;
+    out.write(fmt::format("{{\"to\": \"{}\", \"offset\": {}, \"bytes\": {}, \"copied_chunks\": {}, \"issue_ns\": {}, "
+                          "\"charged_ns\": {}, \"flat_ns\": {}}}\n",
+                          c.to == Location::gpu ? "gpu" : "cpu", c.offset, c.bytes, c.copied_chunks, c.issue_ns, c.charged_ns,
+                          flat));
+  }
+  out.close();
+}
+
+std::string describe_ranges(const sim::CompiledTrace& t) {
+  std::uint64_t chunks = 0;
+  for (const auto& [first, n] : t.ranges) chunks += n;
+  const std::uint64_t bytes = chunks * kChunkBytes;
+  return fmt::format("sub-allocator: {} ranges, {} of managed memory for a peak footprint of {} ({:.1f}% more)\n", t.ranges.size(),
+                     format_bytes(bytes), format_bytes(t.peak_bytes),
+                     t.peak_bytes == 0 ? 0.0 : 100.0 * (double(bytes) / double(t.peak_bytes) - 1.0));
 }
 
 }  // namespace spillway::cli

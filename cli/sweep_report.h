@@ -55,4 +55,16 @@ const std::string& sweep_csv_header();
 // REASON" (OutputFile) on any failure.
 void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows, const std::vector<double>& speedups);
 
+// (replay --calls) Writes the move calls as JSON lines, one call a line: `to` ("gpu" or
+// "cpu"), `offset` of its range from the trace's arena base and `bytes` (bytes),
+// `copied_chunks`, `issue_ns`, `charged_ns` (the copy time the simulator charged) and
+// `flat_ns` (the same chunks as 2 MiB calls on `link`); spillway-linkbench --schedule reads
+// them in this key order. Throws std::runtime_error "cannot write PATH: REASON".
+void write_calls(const std::string& path, const std::vector<sim::MoveCall>& calls, const sim::LinkProfile& link);
+
+// (replay, `spillway` view) One line: the sub-allocator's ranges, the managed bytes they took
+// and how much more that is than the trace's peak footprint (fragmentation), e.g.
+//   sub-allocator: 12 ranges, 42.75 GiB of managed memory for a peak footprint of 42.62 GiB (0.3% more)
+std::string describe_ranges(const sim::CompiledTrace& t);
+
 }  // namespace spillway::cli
