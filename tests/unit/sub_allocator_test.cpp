@@ -83,28 +83,6 @@ TEST(SubAllocatorTest, AFreedBlockIsReusedAndItsSlabComesBackEmpty) {
   EXPECT_EQ(a.allocate(8 * MiB), kBase);
 }
 
-// Large blocks made one after the other lie one after the other, even where best fit would
-// take a smaller hole elsewhere; where the chunks after the last one are taken, best fit.
-TEST(SubAllocatorTest, LargeBlocksFollowTheSitesLastLargeBlock) {
-  SubAllocator a;
-  a.add_range(kBase, 16 * MiB);
-  const std::uint64_t p = a.allocate(4 * MiB);
-  const std::uint64_t q = a.allocate(4 * MiB);
-  const std::uint64_t r = a.allocate(2 * MiB);
-  EXPECT_EQ(p, kBase);
-  EXPECT_EQ(q, p + 4 * MiB);
-  EXPECT_EQ(r, q + 4 * MiB);
-  a.free(p, 4 * MiB);  // a 4 MiB hole at the start; 6 MiB free after r
-  const std::uint64_t s = a.allocate(4 * MiB);
-  EXPECT_EQ(s, r + 2 * MiB) << "after r, not in the hole best fit would take";
-  const std::uint64_t t = a.allocate(4 * MiB);
-  EXPECT_EQ(t, p) << "only 2 MiB after s: best fit, the hole";
-  // Another site's blocks follow their own site's, not this one's.
-  a.free(q, 4 * MiB);  // free: [q, q + 4 MiB) right after t, and the last 2 MiB
-  EXPECT_EQ(a.allocate(2 * MiB, 1), s + 4 * MiB) << "site 1 has no last block: best fit";
-  EXPECT_EQ(a.allocate(2 * MiB), q) << "site 0 goes on after t";
-}
-
 TEST(SubAllocatorTest, FreeChunksMergeWithinARangeButNeverAcrossRanges) {
   SubAllocator a;
   a.add_range(kBase, 4 * MiB);

@@ -102,20 +102,6 @@ void SubAllocator::free_chunks(std::uint64_t addr, std::uint64_t chunks) {
   runs_.give(addr, chunks * kChunkBytes, range->first, range->first + range->second.bytes);
 }
 
-std::uint64_t SubAllocator::allocate_large(std::uint64_t chunks, std::uint64_t site) {
-  std::uint64_t& end = large_end_[site % kSites];
-  std::uint64_t base = 0;
-  // (A free run never spans two ranges, so the chunks taken lie in one.)
-  if (end != 0 && runs_.take_at(end, chunks * kChunkBytes)) {
-    base = end;
-    range_of(base)->second.used_chunks += chunks;
-  } else {
-    base = allocate_chunks(chunks);
-  }
-  if (base != 0) end = base + chunks * kChunkBytes;
-  return base;
-}
-
 std::uint32_t SubAllocator::new_slab() {
   const std::uint64_t base = allocate_chunks(1);
   if (base == 0) return kNotFound;
@@ -179,7 +165,7 @@ std::uint64_t SubAllocator::allocate(std::uint64_t bytes, std::uint64_t site) {
   if (bytes == 0) return 0;
   const std::uint64_t footprint = footprint_bytes(bytes);
   const std::uint64_t addr = footprint <= kSmallMax ? allocate_small(footprint / kGranule, site)
-                                                    : allocate_large(footprint / kChunkBytes, site);
+                                                    : allocate_chunks(footprint / kChunkBytes);
   if (addr != 0) allocated_ += footprint;
   return addr;
 }

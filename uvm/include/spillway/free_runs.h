@@ -27,17 +27,6 @@ class FreeRuns {
     if (len > n) insert(start + n, len - n);
     return start;
   }
-  // Takes `n` (> 0) units at `start` when a free run begins exactly there and holds at least
-  // `n`; the rest of the run stays free. False (nothing taken) otherwise.
-  bool take_at(std::uint64_t start, std::uint64_t n) {
-    auto it = by_start_.find(start);
-    if (it == by_start_.end() || it->second < n) return false;
-    const std::uint64_t len = it->second;
-    by_start_.erase(it);
-    by_size_.erase({len, start});
-    if (len > n) insert(start + n, len - n);
-    return true;
-  }
   // Removes and returns the start of the free run that ends exactly at `end`, if any.
   std::optional<std::uint64_t> take_ending_at(std::uint64_t end) {
     if (by_start_.empty()) return std::nullopt;

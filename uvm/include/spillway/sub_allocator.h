@@ -13,13 +13,12 @@
 //    pass's activations, used together and freed together) share chunks — a simple form of
 //    Sentinel's co-allocation by lifetime (Ren et al., HPCA'21). Blocks of different
 //    `site`s (a caller's key: call site, stream, trace site) fill different slabs;
-//  - a larger request takes whole chunks of its own (its size rounded up to 2 MiB), so no
-//    other block's data ever shares its chunks and they can be dropped and discarded whole
-//    when it dies. It goes right after the site's last large block where the chunks there
-//    are free, so that large tensors made one after the other (a layer's activations, its
-//    weights at load) lie in address order and move in long runs (the same co-allocation by
-//    allocation order); else best fit among the free runs of chunks (smallest run that fits,
-//    lowest address among equals).
+//  - a larger request takes whole chunks of its own (its size rounded up to 2 MiB), best fit
+//    among the free runs of chunks (smallest run that fits, lowest address among equals), so
+//    no other block's data ever shares its chunks and they can be dropped and discarded whole
+//    when it dies. (Placing a large block right after the last one instead, the same
+//    co-allocation for large tensors, was measured and not kept: more fragmentation, call
+//    lengths unchanged; bench/README.md, "Calls across the blocks of one range".)
 // The allocator only places: it never calls the Backend, and it never decides when a freed
 // range may be reused. free() makes space reusable at once, so the caller calls it only once
 // no work that may use the range is pending (the Engine's fences). Not thread-safe: the
@@ -103,7 +102,6 @@ class SubAllocator {
   };
 
   std::uint64_t allocate_chunks(std::uint64_t chunks);
-  std::uint64_t allocate_large(std::uint64_t chunks, std::uint64_t site);
   void free_chunks(std::uint64_t addr, std::uint64_t chunks);
   std::map<std::uint64_t, Range>::iterator range_of(std::uint64_t addr);
   std::uint64_t allocate_small(std::uint64_t granules, std::uint64_t site);
@@ -116,7 +114,6 @@ class SubAllocator {
   std::vector<std::uint32_t> free_slab_ids_;
   ChunkPages<std::uint32_t, 12> slab_of_;                // per chunk: slab id + 1, 0 none
   std::array<std::uint32_t, kSites> current_{};          // per site: slab id + 1, 0 none
-  std::array<std::uint64_t, kSites> large_end_{};        // per site: end of its last large block, 0 none
   std::deque<std::pair<std::uint32_t, std::uint32_t>> partial_;  // (slab, generation): slabs with free
                                                                  // granules (some may be full or stale now)
   std::uint64_t range_total_ = 0;
