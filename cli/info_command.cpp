@@ -258,7 +258,8 @@ nlohmann::json links_json() {
                      {"d2h_bytes_per_s", l.d2h_bytes_per_s},
                      {"fault_batch_ns", l.fault_batch_ns},
                      {"fault_slowdown", l.fault_slowdown},
-                     {"call_shape", {{"h2d", points(l.calls.h2d)}, {"d2h", points(l.calls.d2h)}}},
+                     {"call_shape", {{"h2d", points(l.calls.h2d)}, {"d2h", points(l.calls.d2h)},
+                                     {"h2d_batch_share", l.calls.h2d_batch_share}}},
                      {"fastest_call_bytes_per_s", {{"h2d", sim::peak_bytes_per_s(l, Location::gpu)}, {"d2h", sim::peak_bytes_per_s(l, Location::cpu)}}},
                      {"sources", {{"bandwidth", l.sources.bandwidth}, {"calls", l.sources.calls}, {"fault_batch", l.sources.fault_batch},
                                   {"fault_slowdown", l.sources.fault_slowdown}}}});

@@ -3,6 +3,7 @@
 #include "stream_registry.h"
 #include "cupti_feedback.h"
 #include "torch_tracker.h"
+#include "spillway/log.h"
 
 #include <unistd.h>
 
@@ -393,8 +394,8 @@ Result CudaBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location t
   // it is current — its launches, its allocations.)
   CUstream stream = own_stream(to, device);
   if (stream == nullptr) return missing();
-  const auto own_slot = static_cast<std::size_t>(device);
   if (to == Location::cpu) {
+    const auto own_slot = static_cast<std::size_t>(device);
     if (LaunchOrder* o = t_order; o != nullptr && !o->host_ordered) {
       order_after(stream, o->launch_stream, 0);
       // Other streams' recent work too, unless a capture is in progress anywhere
@@ -409,12 +410,75 @@ Result CudaBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location t
     return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
   }
   std::lock_guard lock(g_evicted_mutex);
+  order_after_evictions(stream, device);
+  return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
+}
+
+// With g_evicted_mutex held: the GPU stream `stream` of `device` waits for its host stream
+// when evictions or discards were issued there since the last prefetch toward the GPU.
+void CudaBackend::order_after_evictions(CUstream stream, int device) {
+  const auto own_slot = static_cast<std::size_t>(device);
   if (g_evicted[own_slot]) {
     CUstream host = own_stream(Location::cpu, device);
     // (Still owed to the next prefetch if it could not be ordered now.)
     if (host != nullptr && order_after(stream, host, 1)) g_evicted[own_slot] = false;
   }
-  return from_cuda(real().cuMemPrefetchAsync_v2(addr, bytes, location_of(to, device), 0, stream));
+}
+
+namespace {
+
+using PrefetchBatchFn = CUresult (*)(CUdeviceptr*, size_t*, size_t, CUmemLocation*, size_t*, size_t, unsigned long long,
+                                     CUstream);
+
+// cuMemPrefetchBatchAsync (CUDA 13.0), resolved once through the driver's own
+// cuGetProcAddress; null where the driver has none.
+PrefetchBatchFn prefetch_batch_entry() {
+  static const PrefetchBatchFn fn = [] {
+    void* p = nullptr;
+    CUdriverProcAddressQueryResult status{};
+    if (real().cuGetProcAddress_v2 == nullptr ||
+        real().cuGetProcAddress_v2("cuMemPrefetchBatchAsync", &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
+        status != CU_GET_PROC_ADDRESS_SUCCESS) {
+      return static_cast<PrefetchBatchFn>(nullptr);
+    }
+    return reinterpret_cast<PrefetchBatchFn>(p);
+  }();
+  return fn;
+}
+
+std::atomic<bool> g_prefetch_batch_refused{false};  // the driver refused a batch once: range by range since
+
+}  // namespace
+
+bool CudaBackend::can_batch_prefetches() {
+  return !g_prefetch_batch_refused.load(std::memory_order_relaxed) && prefetch_batch_entry() != nullptr;
+}
+
+Result CudaBackend::prefetch_batch(const std::uint64_t* addrs, const std::uint64_t* bytes, std::size_t count, Location to,
+                                   int device) {
+  PrefetchBatchFn batch = prefetch_batch_entry();
+  if (batch == nullptr) return Backend::prefetch_batch(addrs, bytes, count, to, device);
+  CUresult r = CUDA_SUCCESS;
+  {
+    ShimCallScope scope;
+    RelaxedCaptureMode relaxed;
+    CUstream stream = own_stream(to, device);
+    if (stream == nullptr) return missing();
+    std::vector<CUdeviceptr> ptrs(addrs, addrs + count);
+    std::vector<size_t> sizes(bytes, bytes + count);
+    CUmemLocation where = location_of(to, device);
+    size_t first = 0;  // (one location, from the batch's first range on)
+    std::lock_guard lock(g_evicted_mutex);
+    if (to == Location::gpu) order_after_evictions(stream, device);
+    r = batch(ptrs.data(), sizes.data(), count, &where, &first, 1, 0, stream);
+  }
+  if (r == CUDA_SUCCESS) return {};
+  // Refused: no batch from now on (the Engine issues these ranges one by one).
+  if (!g_prefetch_batch_refused.exchange(true)) {
+    log(LogLevel::info, "cuMemPrefetchBatchAsync refused a batch of {} ranges (CUresult {}): prefetching range by range", count,
+        static_cast<int>(r));
+  }
+  return from_cuda(r);
 }
 
 Result CudaBackend::advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) {

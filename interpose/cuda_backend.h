@@ -28,6 +28,15 @@ class CudaBackend final : public Backend {
   Result allocate_managed(std::uint64_t bytes, std::uint64_t* addr) override;
   Result free_managed(std::uint64_t addr) override;
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) override;
+  // Whether the driver has cuMemPrefetchBatchAsync (resolved at run time; CUDA 13.0) and has
+  // not refused a batch yet.
+  bool can_batch_prefetches() override;
+  // Several ranges in one cuMemPrefetchBatchAsync, ordered as prefetch() orders its calls. A
+  // refused batch is returned as the driver's error, logged once at info, and no batch is
+  // tried again (can_batch_prefetches() turns false). Without the entry point: one
+  // prefetch() per range.
+  Result prefetch_batch(const std::uint64_t* addrs, const std::uint64_t* bytes, std::size_t count, Location to,
+                        int device) override;
   Result advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) override;
   Result capture_status(StreamHandle stream, bool* capturing) override;
   Result record_event(StreamHandle stream, EventHandle* event) override;
@@ -77,6 +86,7 @@ class CudaBackend final : public Backend {
     std::atomic<CUcontext> context{nullptr};
   };
   CUstream own_stream(Location to, int device);  // nullptr: none (none can be made now)
+  void order_after_evictions(CUstream to_gpu, int device);  // (prefetch(), prefetch_batch())
   std::array<OwnStreams, kMaxDevices> own_;
   std::mutex own_mutex_;  // creating or forgetting them
 };

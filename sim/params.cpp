@@ -24,6 +24,8 @@ CallShape h200_call_shape() {
   return CallShape{
       .h2d = {{64 << 10, 1.76}, {2 << 20, 18.95}, {8 << 20, 24.29}, {32 << 20, 37.48}, {128 << 20, 43.90}, {512 << 20, 48.98}},
       .d2h = {{64 << 10, 3.82}, {2 << 20, 13.86}, {8 << 20, 15.36}, {32 << 20, 17.34}, {128 << 20, 18.01}, {512 << 20, 17.91}},
+      // 16 x 2 MiB in one cuMemPrefetchBatchAsync: 1 515 us, against 111 us a single 2 MiB call.
+      .h2d_batch_share = 1515.0 / 16.0 / 111.0,
   };
 }
 
@@ -143,6 +145,14 @@ double peak_bytes_per_s(const LinkProfile& link, Location to) {
   return peak;
 }
 
+double batched_call_ns(const LinkProfile& link, std::uint64_t bytes) {
+  const double single = call_ns(link, Location::gpu, bytes);
+  if (link.calls.h2d_batch_share <= 0) return single;
+  const double saved = (1.0 - link.calls.h2d_batch_share) * call_ns(link, Location::gpu, 2ull << 20);
+  const double fastest = static_cast<double>(bytes) * 1e9 / peak_bytes_per_s(link, Location::gpu);
+  return std::max(single - saved, fastest);
+}
+
 std::string describe_link(const LinkProfile& link, double fault_slowdown) {
   std::string out = fmt::format("link {}: H2D {:.2f} GB/s, D2H {:.2f} GB/s in 2 MiB calls ({})\n", link.name,
                                 link.h2d_bytes_per_s / 1e9, link.d2h_bytes_per_s / 1e9, link.sources.bandwidth);
@@ -151,6 +161,13 @@ std::string describe_link(const LinkProfile& link, double fault_slowdown) {
   } else {
     out += fmt::format("  move calls ({}):\n    H2D {}\n    D2H {}\n", link.sources.calls, describe_shape(link, Location::gpu),
                        describe_shape(link, Location::cpu));
+  }
+  if (link.calls.h2d_batch_share > 0) {
+    out += fmt::format("  batched prefetches: a range in a cuMemPrefetchBatchAsync saves {:.1f} us of its call (measured on the "
+                       "same H200: 16 x 2 MiB in one batch took {:.3f}x the time of single calls; the saving assumed the same "
+                       "for longer ranges; the Engine batches only toward the GPU)\n",
+                       (call_ns(link, Location::gpu, 2ull << 20) - batched_call_ns(link, 2ull << 20)) / 1e3,
+                       link.calls.h2d_batch_share);
   }
   out += fmt::format("  fault batch {:.1f} us ({})\n", static_cast<double>(link.fault_batch_ns) / 1e3, link.sources.fault_batch);
   out += fmt::format("  fault-driven migration {:.2f}x slower than a prefetch ({})\n", fault_slowdown, link.sources.fault_slowdown);

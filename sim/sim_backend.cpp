@@ -100,7 +100,10 @@ void SimBackend::leave(std::uint32_t c) {
 
 // Each moved chunk of a call that moves `moving` chunks toward `to` holds its copy engine for
 // an equal share of the call's time (the link's call shape; one chunk: a 2 MiB call).
-std::uint64_t SimBackend::call_chunk_ns(Location to, std::uint64_t moving) const {
+std::uint64_t SimBackend::call_chunk_ns(Location to, std::uint64_t moving, bool batched) const {
+  if (batched && to == Location::gpu && moving > 0) {
+    return static_cast<std::uint64_t>(std::ceil(batched_call_ns(params_.link, moving * kChunkBytes) / static_cast<double>(moving)));
+  }
   const std::uint64_t one = copy_ns(bandwidth(params_.link, to), kChunkBytes);
   if (call_points(params_.link, to).empty() || moving <= 1) return one;
   return static_cast<std::uint64_t>(std::ceil(call_ns(params_.link, to, moving * kChunkBytes) / static_cast<double>(moving)));
@@ -210,10 +213,24 @@ void SimBackend::evict(std::uint32_t c, std::uint64_t now, std::uint64_t copy) {
 }
 
 Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) {
+  return move_range(addr, bytes, to, false);
+}
+
+Result SimBackend::prefetch_batch(const std::uint64_t* addrs, const std::uint64_t* bytes, std::size_t count, Location to,
+                                  int) {
+  Result first{};
+  for (std::size_t i = 0; i < count; ++i) {
+    Result r = move_range(addrs[i], bytes[i], to, count > 1 && can_batch_prefetches());
+    if (first.ok() && !r.ok()) first = r;
+  }
+  return first;
+}
+
+Result SimBackend::move_range(std::uint64_t addr, std::uint64_t bytes, Location to, bool batched) {
   if (bytes == 0 || addr < kArenaBase) return Result{Status::invalid_value, 0};
   std::uint64_t first = (addr - kArenaBase) / kChunkBytes, last = (addr + bytes - 1 - kArenaBase) / kChunkBytes;
   if (last >= chunks_.live_count.size()) return Result{Status::invalid_value, 0};
-  const std::uint64_t copy = call_chunk_ns(to, chunks_to_copy(first, last, to));
+  const std::uint64_t copy = call_chunk_ns(to, chunks_to_copy(first, last, to), batched);
   const std::uint64_t issued = clock_.compute, before = to == Location::gpu ? stats_.prefetch_bytes : stats_.d2h_bytes;
   for (std::uint64_t c = first; c <= last; ++c) {
     if (to == Location::gpu) prefetch_in(static_cast<std::uint32_t>(c), clock_.compute, copy);

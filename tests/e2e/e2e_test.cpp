@@ -799,7 +799,7 @@ TEST(SpillwayInfo, JsonGivesTheDeviceTheBudgetTheCapAndWhereEachSettingCameFrom)
   EXPECT_EQ(d["free_bytes"], 256u << 20);
   EXPECT_EQ(d["concurrent_managed_access"], true);
   EXPECT_EQ(d["discard_batch"], true) << "the fake has cuMemDiscardBatchAsync";
-  EXPECT_EQ(d["prefetch_batch"], false) << "and not cuMemPrefetchBatchAsync";
+  EXPECT_EQ(d["prefetch_batch"], true) << "and cuMemPrefetchBatchAsync";
   EXPECT_EQ(d["budget_bytes"], 64u << 20) << "the option, over the variable";
   EXPECT_EQ(j["host"]["managed_cap_bytes"], 1u << 30);
   std::map<std::string, std::pair<std::string, std::string>> settings;
@@ -854,6 +854,8 @@ TEST(SpillwayInfo, LinksGiveEachFigureWithItsSource) {
   EXPECT_EQ(h200["name"], "h200");
   EXPECT_EQ(h200["call_shape"]["h2d"].size(), 6u);
   EXPECT_EQ(h200["call_shape"]["h2d"][1]["bytes"], 2u << 20);
+  EXPECT_NEAR(h200["call_shape"]["h2d_batch_share"].get<double>(), 1515.0 / 16 / 111, 1e-9) << "measured batches";
+  EXPECT_EQ(links[2]["call_shape"]["h2d_batch_share"].get<double>(), 0.0) << "pcie5: none measured";
   for (const char* what : {"bandwidth", "calls", "fault_batch", "fault_slowdown"}) {
     EXPECT_EQ(h200["sources"][what].get<std::string>().rfind("measured ", 0), 0u) << what << ": " << h200.dump();
     EXPECT_FALSE(links[2]["sources"][what].get<std::string>().empty()) << what;

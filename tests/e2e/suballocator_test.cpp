@@ -92,6 +92,42 @@ TEST(PerTensor, DiscardIsNeverAppliedToALiveRange) {
   EXPECT_EQ(r.report["bytes"]["live_blocks"], 0);
 }
 
+// A launch's fetches of tensors apart from one another go to the driver as one
+// cuMemPrefetchBatchAsync, after its evictions (FAKECUDA_ASYNC: the batch runs only after
+// the evictions made its room, or the fake's GPU would evict on its own), and every byte
+// stays right. A driver that refuses a batch gets the ranges one by one from then on.
+TEST(PerTensor, FetchesApartFromOneAnotherGoInOneBatchCall) {
+  const Env env{{"FAKECUDA_GPU_MEMORY", std::to_string(16 << 20)}, {"SPILLWAY_BUDGET", "12MiB"},
+                {"SPILLWAY_POLICY", "sequential"}, {"FAKECUDA_ASYNC", "1"}, {"SPILLWAY_LOG", "info"}};
+  ProgramRun r = per_tensor({"gather", "6"}, env);
+  ASSERT_EQ(r.result.status, 0) << describe(r.result);
+  EXPECT_GT(count_calls(r, "cuMemPrefetchBatchAsync"), 0u);
+  for (const std::string& l : r.log) {
+    if (call_name(l) != "cuMemPrefetchBatchAsync") continue;
+    EXPECT_NE(l.find(" count=3 locs=1 flags=0 "), std::string::npos) << "three 4 MiB tensors apart: " << l;
+    EXPECT_NE(l.find(" loc_type=1 loc_id=0 "), std::string::npos) << "to device 0: " << l;
+    EXPECT_NE(l.find("-> 0"), std::string::npos) << l;
+  }
+  EXPECT_EQ(r.stats["driver_evictions"], 0) << r.stats.dump();
+  EXPECT_EQ(r.stats["faults"], 0) << r.stats.dump();
+  const auto& calls = r.report["calls"];
+  EXPECT_EQ(calls["h2d_batches"]["batches"].get<std::uint64_t>(), count_calls(r, "cuMemPrefetchBatchAsync"));
+  EXPECT_EQ(calls["h2d_batches"]["ranges"].get<std::uint64_t>(), 3 * count_calls(r, "cuMemPrefetchBatchAsync"));
+
+  Env refused = env;
+  refused["FAKECUDA_FAIL"] = "cuMemPrefetchBatchAsync:1:1";  // CUDA_ERROR_INVALID_VALUE
+  ProgramRun f = per_tensor({"gather", "6"}, refused);
+  ASSERT_EQ(f.result.status, 0) << describe(f.result);
+  EXPECT_EQ(count_calls(f, "cuMemPrefetchBatchAsync"), 1u) << "no batch after the refusal";
+  EXPECT_NE(f.result.err.find("cuMemPrefetchBatchAsync refused a batch of 3 ranges (CUresult 1): prefetching range by range"),
+            std::string::npos)
+      << f.result.err;
+  EXPECT_EQ(f.report["calls"]["h2d_batches"]["batches"], 0);
+  EXPECT_EQ(f.report["calls"]["h2d"]["calls"], r.report["calls"]["h2d"]["calls"]) << "the same ranges, one by one";
+  EXPECT_EQ(f.report["driver_calls_refused"], 1) << "the refused batch";
+  EXPECT_EQ(f.stats["driver_evictions"], 0) << f.stats.dump();
+}
+
 // A forward/backward pattern through a GPU a quarter of its working set: exact extents, every
 // tensor checked before its free, one driver allocation instead of one per tensor, dead
 // chunks discarded, and the driver never has to evict (dead or live).

@@ -191,6 +191,47 @@ CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count,
   return CUDA_SUCCESS;
 }
 
+// cuMemPrefetchBatchAsync (CUDA 13.0): every range managed and of non-zero size, flags 0,
+// the stream not the legacy NULL stream; 1 <= numPrefetchLocs <= count, prefetchLocIdxs
+// starting at 0 and rising, each below count, and each location valid. Each range then
+// moves as cuMemPrefetchAsync moves it, to the location whose index range holds it.
+CUresult prefetch_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* locs, size_t* loc_idxs,
+                        size_t num_locs, unsigned long long flags, CUstream stream) {
+  c.dec("count", count).dec("locs", num_locs).dec("flags", flags);
+  for (size_t i = 0; i < count && i < 8 && dptrs && sizes; ++i) {
+    char key[16];
+    std::snprintf(key, sizeof key, "d%zu", i);
+    c.hex(key, dptrs[i]);
+    std::snprintf(key, sizeof key, "n%zu", i);
+    c.dec(key, sizes[i]);
+  }
+  if (locs && num_locs > 0) c.sdec("loc_type", locs[0].type).sdec("loc_id", locs[0].id);
+  c.stream(stream);
+  FC_CHECK(c);
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return CUDA_ERROR_INVALID_VALUE;
+  Stream* s = stream_of(stream);
+  if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  if (count == 0 || !dptrs || !sizes || !locs || !loc_idxs || num_locs == 0 || num_locs > count || flags != 0 ||
+      loc_idxs[0] != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (size_t k = 0; k < num_locs; ++k) {
+    if ((k > 0 && loc_idxs[k] <= loc_idxs[k - 1]) || loc_idxs[k] >= count) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_location(locs[k])) return CUDA_ERROR_INVALID_DEVICE;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    if (sizes[i] == 0 || !covers(dptrs[i], sizes[i], managed_kind)) return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (!submit(s)) return CUDA_SUCCESS;  // captured: not run
+  size_t k = 0;
+  for (size_t i = 0; i < count; ++i) {
+    while (k + 1 < num_locs && loc_idxs[k + 1] <= i) ++k;
+    const CUmemLocation& loc = locs[k];
+    residency_prefetch(dptrs[i], sizes[i], loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? loc.id : -1, stream_device(s));
+  }
+  return CUDA_SUCCESS;
+}
+
 CUmemLocation location_of(CUdevice dev) {
   CUmemLocation loc{};
   if (dev == CU_DEVICE_CPU) {
@@ -1334,6 +1375,19 @@ CUresult CUDAAPI cuMemDiscardBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, 
                                              CUstream stream) {
   return api("cuMemDiscardBatchAsync_ptsz", "cuMemDiscardBatchAsync", kCtx,
              [&](Call& c) { return discard_batch(c, dptrs, sizes, count, flags, stream); });
+}
+CUresult CUDAAPI cuMemPrefetchBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* locs,
+                                         size_t* loc_idxs, size_t num_locs, unsigned long long flags, CUstream stream) {
+  return api("cuMemPrefetchBatchAsync", "cuMemPrefetchBatchAsync", kCtx, [&](Call& c) {
+    return prefetch_batch(c, dptrs, sizes, count, locs, loc_idxs, num_locs, flags, stream);
+  });
+}
+CUresult CUDAAPI cuMemPrefetchBatchAsync_ptsz(CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* locs,
+                                              size_t* loc_idxs, size_t num_locs, unsigned long long flags,
+                                              CUstream stream) {
+  return api("cuMemPrefetchBatchAsync_ptsz", "cuMemPrefetchBatchAsync", kCtx, [&](Call& c) {
+    return prefetch_batch(c, dptrs, sizes, count, locs, loc_idxs, num_locs, flags, stream);
+  });
 }
 CUresult CUDAAPI cuMemAdvise_v2(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc) {
   return api("cuMemAdvise_v2", "cuMemAdvise", kCtx, [&](Call& c) { return advise(c, p, n, advice, loc); });

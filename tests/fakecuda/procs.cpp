@@ -82,6 +82,7 @@ const Proc kProcs[] = {
     PT(cuMemPrefetchAsync, 8000, cuMemPrefetchAsync, cuMemPrefetchAsync_ptsz),
     PT(cuMemPrefetchAsync, 12020, cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz),
     PT(cuMemDiscardBatchAsync, 13000, cuMemDiscardBatchAsync, cuMemDiscardBatchAsync_ptsz),
+    PT(cuMemPrefetchBatchAsync, 13000, cuMemPrefetchBatchAsync, cuMemPrefetchBatchAsync_ptsz),
     P(cuMemAdvise, 8000, cuMemAdvise),
     P(cuMemAdvise, 12020, cuMemAdvise_v2),
     P(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2),  // _v2_ptds variants are not faked

@@ -35,6 +35,10 @@
 //                           iteration N/2 a kernel no earlier iteration ran writes weight 0
 //                           anew (fill_u32). Checks every activation after every iteration
 //                           and prints weights=<base>,<bytes> and acts=<base>,<bytes> per tensor
+//   per_tensor gather N     nine 4 MiB tensors, each followed by a live 2 MiB tensor no kernel
+//                           uses (so no two of the nine share a move call), N rounds of three
+//                           kernels t[3g] = t[3g+1] + t[3g+2] (g = 0, 1, 2), each reading
+//                           tensors apart from one another; checks all nine at the end
 //   per_tensor threads T N  T threads, each N rounds of allocate / launch / check / free on its
 //                           own non-blocking stream
 //   per_tensor capture K    while a non-blocking stream is captured (relaxed mode; K = plain:
@@ -320,6 +324,34 @@ int weights(const Kernels& k, int iterations) {
   return 0;
 }
 
+int gather(const Kernels& k, int rounds) {
+  constexpr size_t kBytes = 4 << 20, kSpacer = 2 << 20;
+  CUdeviceptr t[9] = {}, spacer[9] = {};
+  for (int i = 0; i < 9; ++i) {
+    CHECK(cuMemAlloc(&t[i], kBytes));
+    CHECK(cuMemAlloc(&spacer[i], kSpacer));
+    fill(k, t[i], kBytes, unsigned(i + 1), nullptr);
+  }
+  size_t n = kBytes / 4;
+  for (int r = 0; r < rounds; ++r) {
+    for (int g = 0; g < 3; ++g) {
+      void* params[] = {&t[3 * g], &t[3 * g + 1], &t[3 * g + 2], &n};
+      CHECK(cuLaunchKernel(k.add, 1, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr));
+    }
+  }
+  CHECK(cuCtxSynchronize());
+  for (int i = 0; i < 9; ++i) {
+    const unsigned want = i % 3 == 0 ? unsigned(i + 2 + i + 3) : unsigned(i + 1);
+    if (!holds(t[i], kBytes, want)) {
+      std::fprintf(stderr, "tensor %d does not hold %u\n", i, want);
+      return 1;
+    }
+    CHECK(cuMemFree(t[i]));
+    CHECK(cuMemFree(spacer[i]));
+  }
+  return 0;
+}
+
 int arena(const Kernels& k, int iterations, bool profile) {
   constexpr size_t MiB = 1 << 20;
   CUdeviceptr arena = 0;
@@ -362,9 +394,9 @@ int main(int argc, char** argv) {
   const bool capture_mode = mode == "capture" && (kind == "plain" || kind == "to_graph");
   if (mode != "reuse" && !capture_mode &&
       (n <= 0 || (mode != "discard" && mode != "training" && mode != "segments" && mode != "threads" && mode != "arena" &&
-                  mode != "weights"))) {
+                  mode != "weights" && mode != "gather"))) {
     std::fprintf(stderr,
-                 "usage: per_tensor reuse | discard N | training N | segments N | arena N | weights N | threads T N | capture "
+                 "usage: per_tensor reuse | discard N | training N | segments N | arena N | weights N | gather N | threads T N | capture "
                  "plain|to_graph\n");
     return 2;
   }
@@ -377,6 +409,7 @@ int main(int argc, char** argv) {
   if (mode == "segments") rc = segments(k, n);
   if (mode == "arena") rc = arena(k, n, argc > 3 && std::string(argv[3]) == "profile");
   if (mode == "weights") rc = weights(k, n);
+  if (mode == "gather") rc = gather(k, n);
   if (mode == "threads") rc = threads(k, n, argc > 3 ? std::atoi(argv[3]) : 100);
   if (mode == "capture") rc = capture(kind);
   CHECK(cuModuleUnload(k.module));

@@ -105,6 +105,52 @@ TEST(CallShape, TheSimulatorChargesACallByItsLength) {
   EXPECT_LT(copy_time(true, Span::h2d), 0.8 * copy_time(false, Span::h2d));
 }
 
+// A range in a batch toward the GPU costs its single call less the measured overhead (a 2 MiB
+// one: the measured share of a single 2 MiB call), never less than its bytes at the peak rate;
+// toward the host and on links whose batches were not measured nothing is batched.
+TEST(CallShape, ABatchedRangeSavesTheMeasuredOverheadAndNeverBeatsThePeak) {
+  const LinkProfile h200 = *find_link("h200");
+  ASSERT_GT(h200.calls.h2d_batch_share, 0.8);
+  ASSERT_LT(h200.calls.h2d_batch_share, 0.9);
+  EXPECT_NEAR(batched_call_ns(h200, kChunkBytes), h200.calls.h2d_batch_share * call_ns(h200, Location::gpu, kChunkBytes), 1e-6);
+  const double saved = call_ns(h200, Location::gpu, kChunkBytes) - batched_call_ns(h200, kChunkBytes);
+  EXPECT_NEAR(call_ns(h200, Location::gpu, 64 * MiB) - batched_call_ns(h200, 64 * MiB), saved, 1e-6) << "the same saving, longer";
+  for (std::uint64_t b = 4096; b <= (64ull << 30); b = b * 5 / 4 + 4096) {
+    EXPECT_GE(batched_call_ns(h200, b) * (1 + 1e-12), static_cast<double>(b) * 1e9 / peak_bytes_per_s(h200, Location::gpu)) << b;
+    EXPECT_LE(batched_call_ns(h200, b), call_ns(h200, Location::gpu, b)) << b;
+  }
+  const LinkProfile pcie5 = *find_link("pcie5");
+  EXPECT_EQ(batched_call_ns(pcie5, kChunkBytes), call_ns(pcie5, Location::gpu, kChunkBytes));
+  // In the simulator: four 2 MiB blocks fetched in one batch hold the H2D engine four batched
+  // calls long; toward the host a batch is charged as single calls.
+  testing::Builder bld;
+  for (std::uint64_t id = 1; id <= 4; ++id) bld.alloc(id, kChunkBytes);
+  bld.kernel("k", testing::kMs, {}, {1, 2, 3, 4});
+  const CompiledTrace t = bld.compile();
+  SimParams p = default_params();
+  p.link = h200;
+  p.capacity_bytes = 16 * kChunkBytes;
+  SimBackend sim(t, p, true);
+  EXPECT_TRUE(sim.can_batch_prefetches());
+  std::uint64_t addrs[4] = {}, bytes[4] = {kChunkBytes, kChunkBytes, kChunkBytes, kChunkBytes};
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    sim.expect_block(static_cast<std::uint32_t>(i));
+    ASSERT_TRUE(sim.allocate_managed(kChunkBytes, &addrs[i]).ok());
+  }
+  auto busy = [&](Span::Track track) {
+    std::uint64_t ns = 0;
+    for (const Span& s : sim.spans()) ns += s.track == track ? s.dur_ns : 0;
+    return static_cast<double>(ns);
+  };
+  ASSERT_TRUE(sim.prefetch_batch(addrs, bytes, 4, Location::gpu, 0).ok());  // (created on the GPU: nothing to copy)
+  ASSERT_TRUE(sim.prefetch_batch(addrs, bytes, 4, Location::cpu, 0).ok());
+  ASSERT_TRUE(sim.prefetch_batch(addrs, bytes, 4, Location::gpu, 0).ok());
+  EXPECT_NEAR(busy(Span::d2h), 4 * std::ceil(call_ns(h200, Location::cpu, kChunkBytes)), 0.5);
+  EXPECT_NEAR(busy(Span::h2d), 4 * std::ceil(batched_call_ns(h200, kChunkBytes)), 0.5);
+  p.link.calls = {};  // --call-shape off: no batches
+  EXPECT_FALSE(SimBackend(t, p, true).can_batch_prefetches());
+}
+
 // Short kernels each reading one of 12 blocks of 32 MiB, in order, 6 times: the link is the
 // bottleneck, and a policy that prefetches the next blocks moves them in long calls.
 CompiledTrace link_bound_stream() {

@@ -53,8 +53,26 @@ class FenceBackend final : public test_support::InstantBackend {
   void release_fence(EventHandle) override {}
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int) override {
     prefetches.push_back({addr, bytes, to});
+    calls.push_back({to, 0});
     return {};
   }
+  bool can_batch_prefetches() override { return true; }
+  Result prefetch_batch(const std::uint64_t* addr, const std::uint64_t* bytes, std::size_t count, Location to,
+                        int) override {
+    if (refuse_batches) {
+      calls.push_back({to, ~std::size_t{0}});
+      return Result{Status::not_supported, 801};
+    }
+    for (std::size_t i = 0; i < count; ++i) prefetches.push_back({addr[i], bytes[i], to});
+    calls.push_back({to, count});
+    return {};
+  }
+  struct Call {
+    Location to;
+    std::size_t batch;  // ranges of a prefetch_batch; 0: a prefetch
+  };
+  std::vector<Call> calls;  // in the order issued
+  bool refuse_batches = false;  // prefetch_batch fails as a whole (a refused batch: batch ~0 in calls)
   struct Prefetch {
     std::uint64_t addr, bytes;
     Location to;
@@ -81,9 +99,10 @@ class FenceBackend final : public test_support::InstantBackend {
 };
 
 std::unique_ptr<Engine> make_engine(FenceBackend& b, std::uint64_t max_managed = 1ull << 40,
-                                    std::unique_ptr<Policy> policy = make_policy("demand")) {
+                                    std::unique_ptr<Policy> policy = make_policy("demand"), std::uint64_t budget = 0) {
   Config c;
   c.max_managed = SizeSetting{max_managed, 0.0, false};
+  if (budget != 0) c.budget = SizeSetting{budget, 0.0, false};
   return std::make_unique<Engine>(c, b, std::move(policy));
 }
 
@@ -416,6 +435,108 @@ TEST(EngineSubAllocator, AdjacentBlocksOfOneRangeMoveInOneCallAndNeverAcrossRang
   EXPECT_EQ(b.prefetches[0].addr, x[0]);
   EXPECT_EQ(b.prefetches[0].bytes, 2 * kBlock);
   EXPECT_EQ(b.prefetches[0].to, Location::gpu);
+}
+
+// A launch's fetches go to the Backend together, in batches of at most FetchBatch::kMaxBatch
+// ranges (cuMemPrefetchBatchAsync in the shim), after its evictions, each of which is a call
+// of its own (batched, they ran slower on the measured GPU).
+TEST(EngineSubAllocator, ALaunchsFetchesGoInOneBatchAfterItsEvictions) {
+  FenceBackend b;
+  auto e = make_engine(b, 1ull << 40, std::make_unique<FootprintOnly>(), 1ull << 30);
+  // 40 MiB blocks: one to a 64 MiB range, so no two share a call.
+  constexpr std::uint64_t kBlock = 40ull << 20;
+  std::vector<std::uint64_t> x(40);
+  for (std::uint64_t& p : x) ASSERT_TRUE(e->allocate(kBlock, AllocKind::alloc, 0, &p).ok());
+  ASSERT_EQ(b.ranges, 40u);
+  auto launch = [&, seq = std::uint64_t{0}](std::size_t first, std::size_t n) mutable {
+    std::vector<Access> accesses;
+    for (std::size_t i = first; i < first + n; ++i) accesses.push_back({x[i], kBlock, false});
+    Launch l;
+    l.seq = seq++;
+    l.name = "k";
+    l.accesses = accesses;
+    e->launch(l);
+  };
+  launch(0, 20);  // 800 MiB of a 1 GiB budget: fetches only
+  ASSERT_EQ(b.calls.size(), 1u);
+  EXPECT_EQ(b.calls[0].to, Location::gpu);
+  EXPECT_EQ(b.calls[0].batch, 20u);
+  ASSERT_EQ(b.prefetches.size(), 20u);
+  for (std::size_t i = 0; i < 20; ++i) EXPECT_EQ(b.prefetches[i].addr, x[i]) << "in plan order";
+  b.calls.clear();
+  launch(20, 20);  // room for 20 more means evictions first
+  std::size_t evictions = 0, fetched = 0, batches = 0;
+  bool fetching = false;
+  for (const auto& c : b.calls) {
+    if (c.to == Location::cpu) {
+      EXPECT_FALSE(fetching) << "every eviction before the fetches";
+      EXPECT_EQ(c.batch, 0u) << "evictions are not batched";
+      ++evictions;
+    } else {
+      fetching = true;
+      EXPECT_LE(c.batch, Engine::kMaxFetchBatch);
+      fetched += c.batch == 0 ? 1 : c.batch;
+      batches += c.batch != 0;
+    }
+  }
+  EXPECT_GT(evictions, 0u);
+  EXPECT_EQ(fetched, 20u);
+  EXPECT_EQ(batches, 1u);
+  const Stats s = e->stats();
+  EXPECT_EQ(s.h2d_batches, 2u);
+  EXPECT_EQ(s.h2d_batched_ranges, 40u);
+  EXPECT_EQ(s.h2d_calls.calls(), 40u) << "a batch's ranges count as calls";
+}
+
+// A batch the Backend refuses as a whole: its ranges go one by one, in order, and the refusal
+// counts as one refused call.
+TEST(EngineSubAllocator, ARefusedBatchsRangesGoOneByOne) {
+  FenceBackend b;
+  b.refuse_batches = true;
+  auto e = make_engine(b, 1ull << 40, std::make_unique<FootprintOnly>());
+  constexpr std::uint64_t kBlock = 40ull << 20;
+  std::vector<std::uint64_t> x(3);
+  std::vector<Access> accesses;
+  for (std::uint64_t& p : x) {
+    ASSERT_TRUE(e->allocate(kBlock, AllocKind::alloc, 0, &p).ok());
+    accesses.push_back({p, kBlock, false});
+  }
+  Launch l;
+  l.name = "k";
+  l.accesses = accesses;
+  e->launch(l);
+  ASSERT_EQ(b.calls.size(), 4u);
+  EXPECT_EQ(b.calls[0].batch, ~std::size_t{0}) << "the refused batch";
+  ASSERT_EQ(b.prefetches.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(b.calls[i + 1].batch, 0u);
+    EXPECT_EQ(b.prefetches[i].addr, x[i]);
+  }
+  const Stats s = e->stats();
+  EXPECT_EQ(s.backend_errors, 1u);
+  EXPECT_EQ(s.h2d_batches, 0u);
+  EXPECT_EQ(s.h2d_calls.calls(), 3u);
+  EXPECT_EQ(s.prefetch_to_gpu_bytes, 3 * kBlock);
+}
+
+TEST(EngineSubAllocator, MoreFetchesThanABatchHoldsGoInFullBatchesThenTheRest) {
+  FenceBackend b;
+  auto e = make_engine(b, 1ull << 40, std::make_unique<FootprintOnly>());
+  constexpr std::uint64_t kBlock = 40ull << 20;
+  std::vector<std::uint64_t> x(Engine::kMaxFetchBatch + 8);
+  std::vector<Access> accesses;
+  for (std::uint64_t& p : x) {
+    ASSERT_TRUE(e->allocate(kBlock, AllocKind::alloc, 0, &p).ok());
+    accesses.push_back({p, kBlock, false});
+  }
+  Launch l;
+  l.name = "k";
+  l.accesses = accesses;
+  e->launch(l);
+  ASSERT_EQ(b.calls.size(), 2u);
+  EXPECT_EQ(b.calls[0].batch, Engine::kMaxFetchBatch);
+  EXPECT_EQ(b.calls[1].batch, 8u);
+  EXPECT_EQ(b.prefetches.size(), x.size());
 }
 
 }  // namespace

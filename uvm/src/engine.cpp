@@ -263,6 +263,8 @@ Stats Engine::stats_locked() const {
     s.prefetch_to_gpu_bytes += d.prefetch_to_gpu_bytes;
     s.evict_to_cpu_bytes += d.evict_to_cpu_bytes;
     s.h2d_calls.merge(d.h2d_calls);
+    s.h2d_batches += d.h2d_batches;
+    s.h2d_batched_ranges += d.h2d_batched_ranges;
     s.d2h_calls.merge(d.d2h_calls);
     s.prefetched_chunks += d.prefetched_chunks;
     s.evicted_chunks += d.evicted_chunks;

@@ -254,20 +254,68 @@ void Engine::carry_out(DevicePlan& plan, const EngineActions& actions, const std
   // the dead data, where the driver would evict something else — live data — to make room.
   // (Host-side order: with the driver's asynchronous copies, the shim's GPU stream also
   // waits for its host stream after evictions and discards: cuda_backend.h.)
+  // The fetches go out together (FetchBatch), after the evictions, each issued as it comes.
   std::uint64_t await_frees = 0;  // frees_started() when such an eviction was dropped
   const bool across_blocks = blocks_share_ranges();
+  FetchBatch batch;
   for (std::size_t i = 0, j = 0; i < moves.size(); i = j) {
-    if (await_frees != 0 && moves[i].to == Location::gpu) {
-      gate_.wait_for_frees(await_frees, std::chrono::milliseconds(20));
-      await_frees = 0;
+    if (moves[i].to == Location::gpu) {
+      if (await_frees != 0) {
+        flush_fetches(plan, batch);  // (never wait inside a section: the frees wait for it)
+        gate_.wait_for_frees(await_frees, std::chrono::milliseconds(20));
+        await_frees = 0;
+      }
+      if (!batch.section) batch.section.emplace(gate_);  // before move_run checks the table
+    } else {
+      flush_fetches(plan, batch);
     }
     j = run_end(moves, i, across_blocks);
-    if (const std::uint64_t frees = move_run(plan, moves, i, j, frees_at_plan); frees != 0) await_frees = frees;
+    if (const std::uint64_t frees = move_run(plan, moves, i, j, frees_at_plan, batch); frees != 0) await_frees = frees;
   }
+  flush_fetches(plan, batch);
+}
+
+void Engine::issue_move(DevicePlan& plan, Location to, std::uint64_t addr, std::uint64_t bytes, FetchBatch& batch) {
+  if (to == Location::gpu && batch.section) {
+    batch.addrs[batch.count] = addr;
+    batch.bytes[batch.count] = bytes;
+    if (++batch.count == kMaxFetchBatch) {
+      // Full: issued now, and a new section entered before the next call's range is checked.
+      flush_fetches(plan, batch);
+      batch.section.emplace(gate_);
+    }
+    return;
+  }
+  flush_fetches(plan, batch);
+  Result r = backend_.prefetch(addr, bytes, to, plan.device);
+  std::lock_guard lock(mutex_);
+  count_move(plan, to, bytes, r);
+}
+
+void Engine::flush_fetches(DevicePlan& plan, FetchBatch& batch) {
+  if (batch.count > 1 && backend_.can_batch_prefetches()) {
+    Result r = backend_.prefetch_batch(batch.addrs.data(), batch.bytes.data(), batch.count, Location::gpu, plan.device);
+    std::lock_guard lock(mutex_);
+    if (r.ok()) {
+      ++plan.counters.h2d_batches;
+      plan.counters.h2d_batched_ranges += batch.count;
+      for (std::size_t k = 0; k < batch.count; ++k) count_move(plan, Location::gpu, batch.bytes[k], r);
+      batch.count = 0;
+    } else {
+      ++counters_.backend_errors;  // refused as a whole: the ranges one by one below
+    }
+  }
+  for (std::size_t k = 0; k < batch.count; ++k) {
+    Result r = backend_.prefetch(batch.addrs[k], batch.bytes[k], Location::gpu, plan.device);
+    std::lock_guard lock(mutex_);
+    count_move(plan, Location::gpu, batch.bytes[k], r);
+  }
+  batch.count = 0;
+  batch.section.reset();
 }
 
 std::uint64_t Engine::move_run(DevicePlan& plan, const std::vector<Move>& moves, std::size_t i, std::size_t j,
-                               std::uint64_t frees_at_plan) {
+                               std::uint64_t frees_at_plan, FetchBatch& batch) {
   // One Backend call per (run, block) piece. A run that one known block covers wholly is one
   // piece: no table look-up.
   const Move& first = moves[i];
@@ -275,19 +323,17 @@ std::uint64_t Engine::move_run(DevicePlan& plan, const std::vector<Move>& moves,
   const std::uint64_t end = (moves[j - 1].chunk + 1) * kChunkBytes;
   ReleaseGate::IssueSection section(gate_);  // the checks below hold until the calls are made
   if (first.end > first.base && first.base <= addr && first.end >= end && gate_.frees_started() == frees_at_plan) {
-    Result r = backend_.prefetch(addr, end - addr, first.to, plan.device);
-    std::lock_guard lock(mutex_);
-    count_move(plan, first.to, end - addr, r);
+    issue_move(plan, first.to, addr, end - addr, batch);
     return 0;
   }
-  return move_pieces(plan, first.to, addr, end);
+  return move_pieces(plan, first.to, addr, end, batch);
 }
 
 bool Engine::same_managed_allocation(std::uint64_t a, std::uint64_t b) {
   return sub_.enabled() ? sub_.same_range_if_free(a, b) : backend_.same_managed_allocation(a, b);
 }
 
-std::uint64_t Engine::move_pieces(DevicePlan& plan, Location to, std::uint64_t addr, std::uint64_t end) {
+std::uint64_t Engine::move_pieces(DevicePlan& plan, Location to, std::uint64_t addr, std::uint64_t end, FetchBatch& batch) {
   // One call per live block the run overlaps, clipped to it — except that the pieces of
   // blocks in shared ranges (Block::in_shared_range) that share a chunk, or that lie on
   // adjacent chunks of one managed allocation, are one call, the holes between them
@@ -303,10 +349,7 @@ std::uint64_t Engine::move_pieces(DevicePlan& plan, Location to, std::uint64_t a
   std::uint64_t call_addr = 0, call_end = 0;  // the call being built; empty while equal
   bool call_shared = false;
   auto issue = [&] {
-    if (call_end == call_addr) return;
-    Result r = backend_.prefetch(call_addr, call_end - call_addr, to, plan.device);
-    std::lock_guard lock(mutex_);
-    count_move(plan, to, call_end - call_addr, r);
+    if (call_end != call_addr) issue_move(plan, to, call_addr, call_end - call_addr, batch);
   };
   while (addr < end) {
     std::optional<Block> b = table_.find(addr);

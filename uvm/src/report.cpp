@@ -49,7 +49,8 @@ std::string describe_calls(const Stats& s) {
     return fmt::format("{} (median {}, p90 {})", c.calls(), format_bytes(c.quantile(0.5)), format_bytes(c.quantile(0.9)));
   };
   const double per_launch = s.launches == 0 ? 0.0 : static_cast<double>(s.h2d_calls.calls()) / static_cast<double>(s.launches);
-  return fmt::format("H2D {}, {:.2f} per launch; D2H {}", one(s.h2d_calls), per_launch, one(s.d2h_calls));
+  const std::string batches = s.h2d_batches == 0 ? "" : fmt::format(" ({} of them in {} batches)", s.h2d_batched_ranges, s.h2d_batches);
+  return fmt::format("H2D {}{}, {:.2f} per launch; D2H {}", one(s.h2d_calls), batches, per_launch, one(s.d2h_calls));
 }
 
 std::string exit_summary(const Stats& s, double wall_seconds) {
@@ -197,7 +198,9 @@ nlohmann::json stats_json(const Stats& s) {
         {"counted_by", migrations_counted(s) ? "fault feedback (" + s.fault_feedback + ")"
                                              : "not counted: fault feedback " + s.fault_feedback},
         {"why_they_differ", kWhyAskedAndMigratedDiffer}}},
-      {"calls", {{"h2d", calls_json(s.h2d_calls)}, {"d2h", calls_json(s.d2h_calls)}}},
+      {"calls", {{"h2d", calls_json(s.h2d_calls)},
+                 {"d2h", calls_json(s.d2h_calls)},
+                 {"h2d_batches", {{"batches", s.h2d_batches}, {"ranges", s.h2d_batched_ranges}}}}},
       {"launches", s.launches},
       {"launches_other_device", s.launches_other_device},
       {"advise_calls", s.advise_calls},

@@ -66,6 +66,27 @@ class Backend {
   // Moves [addr, addr+bytes) to `to` on the Backend's own copy stream for that direction
   // (cuMemPrefetchAsync). Asynchronous.
   virtual Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) = 0;
+  // Whether prefetch_batch() moves several ranges in one driver call now (the Engine then
+  // gathers a plan's fetches; else it issues them one by one). Default: no.
+  virtual bool can_batch_prefetches() { return false; }
+  // Moves each [addrs[i], addrs[i] + bytes[i]), i < count, to `to` on the same stream as
+  // prefetch(), in one driver call (cuMemPrefetchBatchAsync, CUDA 13.0: "the batch as a
+  // whole executes in stream order but operations within a batch are not guaranteed to
+  // execute in any specific order", CUDA Driver API, "Unified Addressing"), so the ranges must
+  // not overlap. Each range lies in one managed allocation, as for prefetch(). Asynchronous.
+  // A failure means the batch was refused as a whole: the caller issues the ranges again one
+  // by one (a prefetch changes where bytes are, never what they hold, so a part the refused
+  // batch may have moved is only moved again). Default: one prefetch() per range, in order,
+  // the first failure returned.
+  virtual Result prefetch_batch(const std::uint64_t* addrs, const std::uint64_t* bytes, std::size_t count, Location to,
+                                int device) {
+    Result first{};
+    for (std::size_t i = 0; i < count; ++i) {
+      Result r = prefetch(addrs[i], bytes[i], to, device);
+      if (first.ok() && !r.ok()) first = r;
+    }
+    return first;
+  }
   // Sets or clears advice on [addr, addr+bytes) (cuMemAdvise).
   virtual Result advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) = 0;
 

@@ -28,7 +28,19 @@ struct CallPoint {
 // Each direction's points rise in bytes and in time, and include 2 MiB (checked by tests).
 struct CallShape {
   std::vector<CallPoint> h2d, d2h;
+  // Toward the GPU, a 2 MiB range of a cuMemPrefetchBatchAsync took this share of a single
+  // 2 MiB call's time in the measured run (0: batches not measured, so the Engine issues
+  // none: SimBackend::can_batch_prefetches). The difference, times the 2 MiB call's cost on
+  // the profile, is the per-call overhead a range in a batch saves; assumed the same for
+  // longer ranges (only 2 MiB ones were measured), and never below the bytes at the fastest
+  // rate (peak_bytes_per_s), so the lower bound stays one (docs/simulator.md, "Move calls").
+  double h2d_batch_share = 0;
 };
+// The time a range of `bytes` toward the GPU costs inside a batch of several, ns: call_ns
+// less the overhead a batch saves, at least the bytes at peak_bytes_per_s. call_ns where the
+// shape has no batch share.
+struct LinkProfile;
+double batched_call_ns(const LinkProfile& link, std::uint64_t bytes);
 
 // Where each of a profile's figures comes from: "measured on ... (docs/...)", a paper or
 // driver source, "assumed: why", or "set by --option" once the command line replaced it.

@@ -90,6 +90,11 @@ class SimBackend final : public Backend {
   Result free_managed(std::uint64_t addr) override;
   // Issued now(): toward the GPU on the H2D engine, toward the CPU on the D2H engine.
   Result prefetch(std::uint64_t addr, std::uint64_t bytes, Location to, int device) override;
+  // Where the link's call shape measured batches (CallShape::h2d_batch_share), toward the GPU:
+  // each range is charged as its own call less what a batch saves (batched_call_ns).
+  bool can_batch_prefetches() override { return params_.link.calls.h2d_batch_share > 0; }
+  Result prefetch_batch(const std::uint64_t* addrs, const std::uint64_t* bytes, std::size_t count, Location to,
+                        int device) override;
   Result advise(std::uint64_t addr, std::uint64_t bytes, Advice advice, Location where, int device) override;
   Result capture_status(StreamHandle, bool* capturing) override {
     *capturing = false;
@@ -146,7 +151,8 @@ class SimBackend final : public Backend {
   void leave(std::uint32_t c);
   void prefetch_in(std::uint32_t c, std::uint64_t now, std::uint64_t copy);
   void evict(std::uint32_t c, std::uint64_t now, std::uint64_t copy);
-  std::uint64_t call_chunk_ns(Location to, std::uint64_t moving) const;
+  std::uint64_t call_chunk_ns(Location to, std::uint64_t moving, bool batched = false) const;
+  Result move_range(std::uint64_t addr, std::uint64_t bytes, Location to, bool batched);
   std::uint64_t chunks_to_copy(std::uint64_t first, std::uint64_t last, Location to) const;
   void note_occupancy();
   std::uint64_t copy_ns(double bytes_per_s, std::uint64_t bytes) const;
