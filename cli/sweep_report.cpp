@@ -225,9 +225,9 @@ void write_calls(const std::string& path, const std::vector<sim::MoveCall>& call
   for (const sim::MoveCall& c : calls) {
     const auto flat = static_cast<std::uint64_t>(std::ceil(sim::call_ns(link, c.to, kChunkBytes))) * c.copied_chunks;
     out.write(fmt::format("{{\"to\": \"{}\", \"offset\": {}, \"bytes\": {}, \"copied_chunks\": {}, \"issue_ns\": {}, "
-                          "\"charged_ns\": {}, \"flat_ns\": {}}}\n",
+                          "\"charged_ns\": {}, \"flat_ns\": {}, \"batch\": {}}}\n",
                           c.to == Location::gpu ? "gpu" : "cpu", c.offset, c.bytes, c.copied_chunks, c.issue_ns, c.charged_ns,
-                          flat));
+                          flat, c.batch));
   }
   out.close();
 }

@@ -58,8 +58,9 @@ void write_csv(const std::string& path, const std::vector<sim::CellResult>& rows
 // (replay --calls) Writes the move calls as JSON lines, one call a line: `to` ("gpu" or
 // "cpu"), `offset` of its range from the trace's arena base and `bytes` (bytes),
 // `copied_chunks`, `issue_ns`, `charged_ns` (the copy time the simulator charged) and
-// `flat_ns` (the same chunks as 2 MiB calls on `link`); spillway-linkbench --schedule reads
-// them in this key order. Throws std::runtime_error "cannot write PATH: REASON".
+// `flat_ns` (the same chunks as 2 MiB calls on `link`) and `batch` (the batched prefetch the
+// range belonged to, numbered from 1; 0: a call of its own); spillway-linkbench --schedule
+// reads them in this key order. Throws std::runtime_error "cannot write PATH: REASON".
 void write_calls(const std::string& path, const std::vector<sim::MoveCall>& calls, const sim::LinkProfile& link);
 
 // (replay, `spillway` view) One line: the sub-allocator's ranges, the managed bytes they took

@@ -218,11 +218,14 @@ Result SimBackend::prefetch(std::uint64_t addr, std::uint64_t bytes, Location to
 
 Result SimBackend::prefetch_batch(const std::uint64_t* addrs, const std::uint64_t* bytes, std::size_t count, Location to,
                                   int) {
+  const bool batched = count > 1 && can_batch_prefetches();
+  if (batched) rec_.batch = ++rec_.batches;
   Result first{};
   for (std::size_t i = 0; i < count; ++i) {
-    Result r = move_range(addrs[i], bytes[i], to, count > 1 && can_batch_prefetches());
+    Result r = move_range(addrs[i], bytes[i], to, batched);
     if (first.ok() && !r.ok()) first = r;
   }
+  rec_.batch = 0;
   return first;
 }
 
@@ -238,7 +241,7 @@ Result SimBackend::move_range(std::uint64_t addr, std::uint64_t bytes, Location 
   }
   if (rec_.on) {  // (the chunks it copied: one may have found no room, or left to make room)
     const std::uint64_t copied = ((to == Location::gpu ? stats_.prefetch_bytes : stats_.d2h_bytes) - before) / kChunkBytes;
-    rec_.calls.push_back({to, addr - kArenaBase, bytes, copied, issued, copied * copy});
+    rec_.calls.push_back({to, addr - kArenaBase, bytes, copied, issued, copied * copy, rec_.batch});
   }
   return {};
 }

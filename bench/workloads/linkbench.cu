@@ -13,7 +13,8 @@
 //   linkbench --bytes N --schedule FILE [--max-gib-moved M]
 //                 replays the move calls `spillway replay --calls FILE` wrote (move_schedule.h)
 //                 over N GiB of fresh managed memory, back to back on one stream: as the Engine
-//                 issued them, then each as 2 MiB pieces; one JSON object with the time of each
+//                 issued them (a batched prefetch's ranges in one cudaMemPrefetchBatchAsync),
+//                 then each as 2 MiB pieces; one JSON object with the time of each
 //                 beside what the simulator charged (charged_ns, flat_ns). Calls past N GiB,
 //                 and those after M GiB of copied chunks (default 64), are skipped.
 #include <cuda.h>
@@ -128,12 +129,24 @@ static double replay_pass(const move_schedule::Schedule& sched, size_t bytes, bo
   CHECK(cudaMallocManaged(&p, bytes));
   const cudaMemLocation gpu{cudaMemLocationTypeDevice, dev}, host{cudaMemLocationTypeHost, 0};
   CHECK(cudaEventRecord(e0, s));
-  for (const move_schedule::Call& c : sched.calls) {
-    if (!pieces) {
+  std::vector<void*> ptrs;
+  std::vector<size_t> sizes;
+  for (size_t i = 0, j = 0; i < sched.calls.size(); i = j) {
+    j = move_schedule::batch_end(sched.calls, i);
+    const move_schedule::Call& c = sched.calls[i];
+    if (pieces) {
+      for (auto [off, n] : move_schedule::chunk_pieces(c)) CHECK(cudaMemPrefetchAsync(p + off, n, c.to_gpu ? gpu : host, 0, s));
+      j = i + 1;
+    } else if (j - i == 1) {
       CHECK(cudaMemPrefetchAsync(p + c.offset, c.bytes, c.to_gpu ? gpu : host, 0, s));
-      continue;
+    } else {  // a batched prefetch, as the Engine issued it (toward the GPU only)
+      ptrs.clear();
+      sizes.clear();
+      for (size_t k = i; k < j; ++k) ptrs.push_back(p + sched.calls[k].offset), sizes.push_back(sched.calls[k].bytes);
+      size_t loc_index = 0;
+      cudaMemLocation loc = gpu;
+      CHECK(cudaMemPrefetchBatchAsync(ptrs.data(), sizes.data(), j - i, &loc, &loc_index, 1, 0, s));
     }
-    for (auto [off, n] : move_schedule::chunk_pieces(c)) CHECK(cudaMemPrefetchAsync(p + off, n, c.to_gpu ? gpu : host, 0, s));
   }
   CHECK(cudaEventRecord(e1, s));
   CHECK(cudaEventSynchronize(e1));
@@ -152,11 +165,11 @@ static int schedule(const char* path, const char* name, size_t bytes, size_t max
   std::printf("{\"device\": \"%s\", \"bytes\": %zu", name, bytes);
   const double whole = replay_pass(sched, bytes, false, s, e0, e1, dev);
   const double pieces = replay_pass(sched, bytes, true, s, e0, e1, dev);
-  std::printf(", \"schedule\": \"%s\", \"calls\": %zu, \"skipped_calls\": %llu, \"h2d_calls\": %llu, "
+  std::printf(", \"schedule\": \"%s\", \"calls\": %zu, \"batches\": %llu, \"skipped_calls\": %llu, \"h2d_calls\": %llu, "
               "\"d2h_calls\": %llu, \"copied_GiB\": %.2f, \"as_issued_ms\": %.1f, \"as_issued_charged_ms\": %.1f, "
               "\"as_2MiB_pieces_ms\": %.1f, \"as_2MiB_pieces_charged_ms\": %.1f, \"measured_gain\": %.3f, "
               "\"charged_gain\": %.3f}\n",
-              path, sched.calls.size(), (unsigned long long)sched.skipped, (unsigned long long)sched.h2d_calls,
+              path, sched.calls.size(), (unsigned long long)sched.batches, (unsigned long long)sched.skipped, (unsigned long long)sched.h2d_calls,
               (unsigned long long)sched.d2h_calls, sched.copied_bytes / double(1ull << 30), whole, sched.charged_ns / 1e6,
               pieces, sched.flat_ns / 1e6, whole > 0 ? pieces / whole : 0.0,
               sched.charged_ns ? double(sched.flat_ns) / sched.charged_ns : 0.0);

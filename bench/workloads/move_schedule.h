@@ -22,6 +22,7 @@ struct Call {
   std::uint64_t copied_chunks = 0;
   std::uint64_t charged_ns = 0;         // what the simulator charged the call
   std::uint64_t flat_ns = 0;            // the same chunks as 2 MiB calls
+  std::uint64_t batch = 0;              // the batched prefetch it is a range of (0: a call of its own)
 };
 
 struct Schedule {
@@ -29,25 +30,31 @@ struct Schedule {
   std::uint64_t skipped = 0;            // calls past the replayed memory or the byte limit
   std::uint64_t charged_ns = 0, flat_ns = 0, copied_bytes = 0;
   std::uint64_t h2d_calls = 0, d2h_calls = 0;
+  std::uint64_t batches = 0;            // batched prefetches among the calls (their ranges count as calls)
   std::string error;                    // "line N: why" when the file is not a schedule
 };
 
-// One line of the file, or false.
+// One line of the file, or false. `batch` may be missing (files written before batches: 0).
 // (Whole lines only: no sign, the closing brace, nothing after it but the newline; a range
 // whose end would pass 2^64 is refused.)
 inline bool parse_call(const char* line, Call& c) {
   if (std::strchr(line, '-') != nullptr) return false;
   char to[8] = {};
-  unsigned long long off, bytes, copied, issue, charged, flat;
-  int end = -1;
-  const int n = std::sscanf(line,
-                            "{\"to\": \"%7[a-z]\", \"offset\": %llu, \"bytes\": %llu, \"copied_chunks\": %llu, "
-                            "\"issue_ns\": %llu, \"charged_ns\": %llu, \"flat_ns\": %llu}%n",
-                            to, &off, &bytes, &copied, &issue, &charged, &flat, &end);
-  if (n != 7 || end < 0 || (line[end] != '\0' && line[end] != '\n')) return false;
+  unsigned long long off, bytes, copied, issue, charged, flat, batch = 0;
+  int end = -1, n = 0;
+  const char* head = "{\"to\": \"%7[a-z]\", \"offset\": %llu, \"bytes\": %llu, \"copied_chunks\": %llu, "
+                     "\"issue_ns\": %llu, \"charged_ns\": %llu, \"flat_ns\": %llu";
+  n = std::sscanf(line, (std::string(head) + ", \"batch\": %llu}%n").c_str(), to, &off, &bytes, &copied, &issue, &charged, &flat,
+                  &batch, &end);
+  if (n != 8) {
+    end = -1;
+    n = std::sscanf(line, (std::string(head) + "}%n").c_str(), to, &off, &bytes, &copied, &issue, &charged, &flat, &end) + 1;
+  }
+  if (n != 8 || end < 0 || (line[end] != '\0' && line[end] != '\n')) return false;
   if (bytes == 0 || off > ~0ull - bytes || copied > (~0ull >> 22)) return false;
   if (std::string(to) != "gpu" && std::string(to) != "cpu") return false;
-  c = Call{std::string(to) == "gpu", off, bytes, copied, charged, flat};
+  if (batch != 0 && std::string(to) != "gpu") return false;  // (only prefetches toward the GPU are batched)
+  c = Call{std::string(to) == "gpu", off, bytes, copied, charged, flat, batch};
   return true;
 }
 
@@ -72,6 +79,7 @@ inline Schedule read(const char* path, std::uint64_t memory_bytes, std::uint64_t
       ++s.skipped;
       continue;
     }
+    if (c.batch != 0 && (s.calls.empty() || s.calls.back().batch != c.batch)) ++s.batches;
     s.calls.push_back(c);
     s.charged_ns += c.charged_ns;
     s.flat_ns += c.flat_ns;
@@ -80,6 +88,14 @@ inline Schedule read(const char* path, std::uint64_t memory_bytes, std::uint64_t
   }
   std::fclose(f);
   return s;
+}
+
+// The calls [i, end) of one batched prefetch: `end` is past the last consecutive call of
+// calls[i]'s batch (i + 1 for a call of its own).
+inline std::size_t batch_end(const std::vector<Call>& calls, std::size_t i) {
+  std::size_t j = i + 1;
+  while (calls[i].batch != 0 && j < calls.size() && calls[j].batch == calls[i].batch) ++j;
+  return j;
 }
 
 // The call's range as 2 MiB pieces (each within one 2 MiB chunk), as the Engine issued moves

@@ -45,6 +45,38 @@ TEST(MoveSchedule, ReadsEveryCallReplayWrites) {
   std::filesystem::remove(path);
 }
 
+// A batched prefetch's ranges come back with their batch number, consecutive, toward the GPU
+// only, and batch_end() gives the ranges linkbench hands to one cudaMemPrefetchBatchAsync.
+TEST(MoveSchedule, ABatchsRangesComeBackTogether) {
+  const std::string path = replay_calls("gpt2-xl-infer-b48.jsonl.gz");
+  const move_schedule::Schedule s = move_schedule::read(path.c_str(), ~0ull, ~0ull);
+  ASSERT_TRUE(s.error.empty()) << s.error;
+  ASSERT_GT(s.batches, 0u) << "paged decoding fetches ranges apart: batches on h200";
+  std::uint64_t batches = 0, last = 0;
+  for (std::size_t i = 0, j = 0; i < s.calls.size(); i = j) {
+    j = move_schedule::batch_end(s.calls, i);
+    if (s.calls[i].batch == 0) {
+      EXPECT_EQ(j, i + 1);
+      continue;
+    }
+    ++batches;
+    EXPECT_GT(s.calls[i].batch, last) << "numbered in issue order";
+    last = s.calls[i].batch;
+    EXPECT_GE(j - i, 2u);
+    for (std::size_t k = i; k < j; ++k) EXPECT_TRUE(s.calls[k].to_gpu);
+  }
+  EXPECT_EQ(batches, s.batches);
+  // A line written before batches were recorded still reads, as a call of its own.
+  move_schedule::Call c;
+  ASSERT_TRUE(move_schedule::parse_call("{\"to\": \"gpu\", \"offset\": 0, \"bytes\": 4096, \"copied_chunks\": 1, "
+                                        "\"issue_ns\": 0, \"charged_ns\": 5, \"flat_ns\": 5}\n", c));
+  EXPECT_EQ(c.batch, 0u);
+  EXPECT_FALSE(move_schedule::parse_call("{\"to\": \"cpu\", \"offset\": 0, \"bytes\": 4096, \"copied_chunks\": 1, "
+                                         "\"issue_ns\": 0, \"charged_ns\": 5, \"flat_ns\": 5, \"batch\": 3}\n", c))
+      << "evictions are never batched";
+  std::filesystem::remove(path);
+}
+
 TEST(MoveSchedule, ACallSplitsIntoTheChunksItSpans) {
   move_schedule::Call c;
   c.offset = 3 * MiB;

@@ -68,6 +68,7 @@ struct MoveCall {
   std::uint64_t copied_chunks;  // chunks it copied (the others were already there, or fresh)
   std::uint64_t issue_ns;       // simulated time it was issued
   std::uint64_t charged_ns;     // copy-engine time charged to it: copied_chunks equal shares
+  std::uint64_t batch = 0;      // the batched prefetch it was a range of (1, 2, ... in issue order); 0: a call of its own
 };
 
 class SimBackend final : public Backend {
@@ -203,6 +204,8 @@ class SimBackend final : public Backend {
     bool on = false;
     std::vector<Span> spans;
     std::vector<MoveCall> calls;
+    std::uint64_t batches = 0;  // batched prefetches so far
+    std::uint64_t batch = 0;    // the one being charged, 0: none
   };
   Recording rec_;
   std::vector<std::uint32_t> missing_;
