@@ -456,7 +456,8 @@ bool CudaBackend::can_batch_prefetches() {
 
 Result CudaBackend::prefetch_batch(const std::uint64_t* addrs, const std::uint64_t* bytes, std::size_t count, Location to,
                                    int device) {
-  PrefetchBatchFn batch = prefetch_batch_entry();
+  // (Toward the host one by one: prefetch() orders evictions after the program's work.)
+  PrefetchBatchFn batch = to == Location::gpu ? prefetch_batch_entry() : nullptr;
   if (batch == nullptr) return Backend::prefetch_batch(addrs, bytes, count, to, device);
   CUresult r = CUDA_SUCCESS;
   {
@@ -469,7 +470,7 @@ Result CudaBackend::prefetch_batch(const std::uint64_t* addrs, const std::uint64
     CUmemLocation where = location_of(to, device);
     size_t first = 0;  // (one location, from the batch's first range on)
     std::lock_guard lock(g_evicted_mutex);
-    if (to == Location::gpu) order_after_evictions(stream, device);
+    order_after_evictions(stream, device);
     r = batch(ptrs.data(), sizes.data(), count, &where, &first, 1, 0, stream);
   }
   if (r == CUDA_SUCCESS) return {};

@@ -854,7 +854,7 @@ TEST(SpillwayInfo, LinksGiveEachFigureWithItsSource) {
   EXPECT_EQ(h200["name"], "h200");
   EXPECT_EQ(h200["call_shape"]["h2d"].size(), 6u);
   EXPECT_EQ(h200["call_shape"]["h2d"][1]["bytes"], 2u << 20);
-  EXPECT_NEAR(h200["call_shape"]["h2d_batch_share"].get<double>(), 1515.0 / 16 / 111, 1e-9) << "measured batches";
+  EXPECT_NEAR(h200["call_shape"]["h2d_batch_share"].get<double>(), 1582.0 / 16 / 111, 1e-9) << "measured batches";
   EXPECT_EQ(links[2]["call_shape"]["h2d_batch_share"].get<double>(), 0.0) << "pcie5: none measured";
   for (const char* what : {"bandwidth", "calls", "fault_batch", "fault_slowdown"}) {
     EXPECT_EQ(h200["sources"][what].get<std::string>().rfind("measured ", 0), 0u) << what << ": " << h200.dump();

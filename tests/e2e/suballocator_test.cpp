@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -93,9 +94,10 @@ TEST(PerTensor, DiscardIsNeverAppliedToALiveRange) {
 }
 
 // A launch's fetches of tensors apart from one another go to the driver as one
-// cuMemPrefetchBatchAsync, after its evictions (FAKECUDA_ASYNC: the batch runs only after
-// the evictions made its room, or the fake's GPU would evict on its own), and every byte
-// stays right. A driver that refuses a batch gets the ranges one by one from then on.
+// cuMemPrefetchBatchAsync, after its evictions, on a stream made to wait for the evictions'
+// stream (cuStreamWaitEvent after the last eviction: the room the plan counts on is free on
+// the device first), and every byte stays right. A driver that refuses a batch gets the
+// ranges one by one from then on.
 TEST(PerTensor, FetchesApartFromOneAnotherGoInOneBatchCall) {
   const Env env{{"FAKECUDA_GPU_MEMORY", std::to_string(16 << 20)}, {"SPILLWAY_BUDGET", "12MiB"},
                 {"SPILLWAY_POLICY", "sequential"}, {"FAKECUDA_ASYNC", "1"}, {"SPILLWAY_LOG", "info"}};
@@ -108,6 +110,20 @@ TEST(PerTensor, FetchesApartFromOneAnotherGoInOneBatchCall) {
     EXPECT_NE(l.find(" loc_type=1 loc_id=0 "), std::string::npos) << "to device 0: " << l;
     EXPECT_NE(l.find("-> 0"), std::string::npos) << l;
   }
+  std::size_t last_eviction = 0, batches_after_evictions = 0;
+  std::map<std::string, std::size_t> last_wait;  // stream -> line of its last cuStreamWaitEvent
+  auto stream_of = [](const std::string& l) { return field(l, "stream"); };
+  for (std::size_t i = 0; i < r.log.size(); ++i) {
+    const std::string& l = r.log[i];
+    const std::string name = call_name(l);
+    if (name == "cuStreamWaitEvent") last_wait[stream_of(l)] = i + 1;
+    if (name == "cuMemPrefetchAsync_v2" && l.find(" loc_type=2 ") != std::string::npos) last_eviction = i + 1;
+    if (name == "cuMemPrefetchBatchAsync" && last_eviction != 0) {
+      ++batches_after_evictions;
+      EXPECT_GT(last_wait[stream_of(l)], last_eviction) << "line " << i + 1 << ": not ordered after the evictions: " << l;
+    }
+  }
+  EXPECT_GT(batches_after_evictions, 0u);
   EXPECT_EQ(r.stats["driver_evictions"], 0) << r.stats.dump();
   EXPECT_EQ(r.stats["faults"], 0) << r.stats.dump();
   const auto& calls = r.report["calls"];

@@ -4,10 +4,13 @@
 // cap counts the ranges.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "../support/instant_backend.h"
@@ -437,7 +440,7 @@ TEST(EngineSubAllocator, AdjacentBlocksOfOneRangeMoveInOneCallAndNeverAcrossRang
   EXPECT_EQ(b.prefetches[0].to, Location::gpu);
 }
 
-// A launch's fetches go to the Backend together, in batches of at most FetchBatch::kMaxBatch
+// A launch's fetches go to the Backend together, in batches of at most Engine::kMaxFetchBatch
 // ranges (cuMemPrefetchBatchAsync in the shim), after its evictions, each of which is a call
 // of its own (batched, they ran slower on the measured GPU).
 TEST(EngineSubAllocator, ALaunchsFetchesGoInOneBatchAfterItsEvictions) {
@@ -537,6 +540,84 @@ TEST(EngineSubAllocator, MoreFetchesThanABatchHoldsGoInFullBatchesThenTheRest) {
   EXPECT_EQ(b.calls[0].batch, Engine::kMaxFetchBatch);
   EXPECT_EQ(b.calls[1].batch, 8u);
   EXPECT_EQ(b.prefetches.size(), x.size());
+}
+
+// A full batch flushed in the middle of a walk over adjacent blocks, while another thread
+// frees the block the walk checked just before the flush: that block's range must not reach
+// the Backend after its free (release_gate.h, rule 2: the section that covered the check is
+// kept until the range is issued). Blocks in shared ranges but no shared allocation: one run
+// over all of them, one call per block (move_pieces).
+class FreeDuringBatchBackend final : public test_support::InstantBackend {
+ public:
+  bool blocks_share_ranges() override { return true; }
+  bool can_batch_prefetches() override { return true; }
+  Result free_managed(std::uint64_t addr) override {
+    std::lock_guard l(mutex);
+    freed.insert(addr);
+    free_done = true;
+    return {};
+  }
+  Result prefetch(std::uint64_t addr, std::uint64_t, Location, int) override {
+    wait_for_free();
+    check(&addr, 1);
+    return {};
+  }
+  Result prefetch_batch(const std::uint64_t* addrs, const std::uint64_t*, std::size_t count, Location, int) override {
+    if (++batches == 1) {  // the first full batch: the free of the block found before it starts
+      freer = std::thread([this] {
+        bool ours = false;
+        engine->release(victim, std::nullopt, &ours);
+      });
+      while (engine->owns_base(victim)) std::this_thread::yield();  // out of the table
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // flipped, waiting for sections
+    } else {
+      wait_for_free();
+    }
+    check(addrs, count);
+    return {};
+  }
+  void wait_for_free() {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (!free_done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  void check(const std::uint64_t* addrs, std::size_t count) {
+    std::lock_guard l(mutex);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (freed.count(addrs[i]) != 0) issued_after_free.push_back(addrs[i]);
+    }
+  }
+  Engine* engine = nullptr;
+  std::uint64_t victim = 0;
+  std::thread freer;
+  std::mutex mutex;
+  std::set<std::uint64_t> freed;
+  std::atomic<bool> free_done{false};
+  int batches = 0;
+  std::vector<std::uint64_t> issued_after_free;
+};
+
+TEST(EngineSubAllocator, AFullBatchInTheMiddleOfAWalkKeepsItsSectionAgainstAFree) {
+  FreeDuringBatchBackend b;
+  Config c;
+  c.budget = SizeSetting{1ull << 30, 0.0, false};
+  Engine e(c, b, std::make_unique<FootprintOnly>());
+  b.engine = &e;
+  std::vector<std::uint64_t> x(40);
+  std::vector<Access> accesses;
+  for (std::uint64_t& p : x) {
+    ASSERT_TRUE(e.allocate(kChunkBytes, AllocKind::alloc, 0, &p).ok());
+    accesses.push_back({p, kChunkBytes, false});
+  }
+  ASSERT_FALSE(e.suballocating());
+  for (std::size_t i = 1; i < x.size(); ++i) ASSERT_EQ(x[i], x[i - 1] + kChunkBytes) << "adjacent: one run";
+  b.victim = x[Engine::kMaxFetchBatch];  // checked by the walk before the 32nd call fills the batch
+  Launch l;
+  l.name = "k";
+  l.accesses = accesses;
+  e.launch(l);
+  if (b.freer.joinable()) b.freer.join();
+  EXPECT_TRUE(b.free_done);
+  EXPECT_TRUE(b.issued_after_free.empty()) << "a range prefetched after its block's free";
 }
 
 }  // namespace

@@ -280,9 +280,9 @@ void Engine::issue_move(DevicePlan& plan, Location to, std::uint64_t addr, std::
     batch.addrs[batch.count] = addr;
     batch.bytes[batch.count] = bytes;
     if (++batch.count == kMaxFetchBatch) {
-      // Full: issued now, and a new section entered before the next call's range is checked.
-      flush_fetches(plan, batch);
-      batch.section.emplace(gate_);
+      // Full: issued now, within the same section. (The walk may have checked the next
+      // call's block already: a section entered now would not cover that check.)
+      flush_fetches(plan, batch, true);
     }
     return;
   }
@@ -292,7 +292,7 @@ void Engine::issue_move(DevicePlan& plan, Location to, std::uint64_t addr, std::
   count_move(plan, to, bytes, r);
 }
 
-void Engine::flush_fetches(DevicePlan& plan, FetchBatch& batch) {
+void Engine::flush_fetches(DevicePlan& plan, FetchBatch& batch, bool keep_section) {
   if (batch.count > 1 && backend_.can_batch_prefetches()) {
     Result r = backend_.prefetch_batch(batch.addrs.data(), batch.bytes.data(), batch.count, Location::gpu, plan.device);
     std::lock_guard lock(mutex_);
@@ -311,7 +311,7 @@ void Engine::flush_fetches(DevicePlan& plan, FetchBatch& batch) {
     count_move(plan, Location::gpu, batch.bytes[k], r);
   }
   batch.count = 0;
-  batch.section.reset();
+  if (!keep_section) batch.section.reset();
 }
 
 std::uint64_t Engine::move_run(DevicePlan& plan, const std::vector<Move>& moves, std::size_t i, std::size_t j,

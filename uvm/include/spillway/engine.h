@@ -483,7 +483,7 @@ class Engine {
   // they ran slower there (11.4 against 13.9 GB/s). The section, entered before the first
   // gathered call's range was checked against the table, is held until the batch is issued,
   // so no range freed meanwhile reaches the Backend (release_gate.h, rule 2). At most
-  // kMaxFetchBatch ranges: a full batch is issued at once.
+  // kMaxFetchBatch ranges: a full batch is issued at once, and the section kept.
   struct FetchBatch {
     std::array<std::uint64_t, kMaxFetchBatch> addrs, bytes;  // (the first `count` are set)
     std::size_t count = 0;
@@ -493,8 +493,9 @@ class Engine {
   // caller entered), toward the host issued at once after the gathered ones.
   void issue_move(DevicePlan& plan, Location to, std::uint64_t addr, std::uint64_t bytes, FetchBatch& batch);
   // Issues the gathered calls (prefetch() for one, prefetch_batch() for more), counts each as
-  // a call of its bytes, and leaves the section.
-  void flush_fetches(DevicePlan& plan, FetchBatch& batch);
+  // a call of its bytes, and leaves the section unless `keep_section` (a full batch in the
+  // middle of a walk, whose next block may have been checked already).
+  void flush_fetches(DevicePlan& plan, FetchBatch& batch, bool keep_section = false);
   // One run of moves [i, j) (adjacent chunks, one way), clipped to the live blocks it
   // overlaps. Returns the frees_started() to wait for before the next fetch (0: none).
   std::uint64_t move_run(DevicePlan& plan, const std::vector<Move>& moves, std::size_t i, std::size_t j,
