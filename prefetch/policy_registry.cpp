@@ -1,4 +1,5 @@
 #include "policy_registry.h"
+#include "policy_plugin_loader.h"
 
 #include <algorithm>
 #include <cctype>
@@ -182,6 +183,7 @@ double PolicySpec::value(std::string_view key) const {
 }
 
 std::string PolicySpec::text() const {
+  if (plugin) return plugin_params.empty() ? name : name + ":" + plugin_params;
   std::string out = name;
   for (std::size_t i = 0; i < values.size(); ++i) {
     out += fmt::format("{}{}={}", i == 0 ? ":" : ",", values[i].first, number_text(values[i].second));
@@ -190,6 +192,7 @@ std::string PolicySpec::text() const {
 }
 
 std::string PolicySpec::full_text() const {
+  if (plugin) return text();
   std::string out = name;
   const auto& tunables = policy_tunables(name);
   for (std::size_t i = 0; i < tunables.size(); ++i) {
@@ -223,8 +226,27 @@ const std::vector<Tunable>& policy_tunables(std::string_view name) {
   return e != nullptr ? e->tunables : none;
 }
 
+namespace {
+
+// A plugin's spec (is_plugin_path): loaded and tried once here.
+std::optional<PolicySpec> parse_plugin_spec(std::string_view text, std::string* error) {
+  const std::size_t colon = text.find(':');
+  PolicySpec spec;
+  spec.plugin = true;
+  std::string_view path = text.substr(0, colon);
+  while (!path.empty() && std::isspace(static_cast<unsigned char>(path.front()))) path.remove_prefix(1);
+  while (!path.empty() && std::isspace(static_cast<unsigned char>(path.back()))) path.remove_suffix(1);
+  spec.name = std::string(path);
+  if (colon != std::string_view::npos) spec.plugin_params = std::string(text.substr(colon + 1));
+  if (!make_plugin_policy(spec.name, spec.plugin_params, error)) return std::nullopt;
+  return spec;
+}
+
+}  // namespace
+
 std::optional<PolicySpec> parse_policy_spec(std::string_view text, bool simulator, std::string* error) {
   const std::size_t colon = text.find(':');
+  if (is_plugin_path(text.substr(0, colon))) return parse_plugin_spec(text, error);
   PolicySpec spec;
   spec.name = lower_trimmed(text.substr(0, colon));
   const Entry* e = find(spec.name);
@@ -268,6 +290,10 @@ std::vector<std::string> split_policy_list(std::string_view text) {
 }
 
 std::unique_ptr<Policy> make_policy(const PolicySpec& spec) {
+  if (spec.plugin) {
+    std::string error;  // (the spec was tried when it was parsed)
+    return make_plugin_policy(spec.name, spec.plugin_params, &error);
+  }
   const Entry* e = find(spec.name);
   return e != nullptr && !e->simulator_only ? e->make(spec, nullptr) : nullptr;
 }
@@ -279,6 +305,7 @@ std::unique_ptr<Policy> make_policy(std::string_view text) {
 }
 
 std::unique_ptr<Policy> make_sim_policy(const PolicySpec& spec, const OracleFuture* future) {
+  if (spec.plugin) return make_policy(spec);
   const Entry* e = find(spec.name);
   return e != nullptr ? e->make(spec, future) : nullptr;
 }

@@ -36,8 +36,12 @@ struct Tunable {
 // A policy with its tunables' values. `values` holds every tunable the spec named, in the
 // order of the policy's table; the rest keep their defaults.
 struct PolicySpec {
-  std::string name;
+  std::string name;  // a built-in policy's name, or a plugin's path (`plugin`)
   std::vector<std::pair<std::string_view, double>> values;
+  // A policy plugin (spillway/policy_plugin.h): `name` is its path, and `plugin_params` the
+  // text after the spec's first ':', given to the plugin's factory as it is.
+  bool plugin = false;
+  std::string plugin_params;
   // The value of tunable `key`: the spec's, else its default. `key` must be a tunable of `name`.
   double value(std::string_view key) const;
   // The spec as text: `NAME`, then `:` and the values the spec set, in table order
@@ -57,6 +61,10 @@ const std::vector<Tunable>& policy_tunables(std::string_view name);
 
 // Parses `text` (`NAME` or `NAME:KEY=VALUE[,KEY=VALUE...]`; names and keys are
 // case-insensitive, white space around them is ignored). `simulator`: `oracle` is accepted.
+// A NAME holding a '/' is a policy plugin's path (`PATH` or `PATH:PARAMS`,
+// spillway/policy_plugin.h): the plugin is loaded and asked for an instance with PARAMS here,
+// so that a bad path, a plugin built for another Spillway or PARAMS it refuses are errors of
+// the spec.
 // On bad input returns nullopt and sets `*error` to one line naming what is wrong (the
 // unknown name with the accepted ones, the unknown key with the policy's keys, or the value
 // with the key's range and unit).

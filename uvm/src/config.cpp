@@ -41,9 +41,16 @@ using Names = std::vector<std::string_view>;
 
 // A policy spec: NAME or NAME:KEY=VALUE[,...] (prefetch/policy_registry.h). Here the name
 // is checked; its tunables are checked where the policy is made (the shim at start, the
-// `spillway` command), which knows them.
+// `spillway` command), which knows them. A NAME holding a '/' is a policy plugin's path
+// (spillway/policy_plugin.h), kept as written: it is loaded and checked where the policy is
+// made.
 bool parse_policy(Config& c, std::string_view value, const Names& names) {
-  std::string v = lower(trimmed(value));
+  const std::string as_written = trimmed(value);
+  if (as_written.substr(0, as_written.find(':')).find('/') != std::string::npos) {
+    c.policy = as_written;
+    return true;
+  }
+  std::string v = lower(as_written);
   const std::string_view name = std::string_view(v).substr(0, v.find(':'));
   if (std::find(names.begin(), names.end(), name) == names.end()) return false;
   if (name.size() != v.size() && name.size() + 1 == v.size()) return false;  // "learned:" and nothing after
@@ -229,7 +236,8 @@ std::string printable(std::string_view text) {
 
 std::string accepted_text(const Row& row, const Names& policy_names) {
   if (row.info.field != "policy") return std::string(row.info.accepted);
-  return fmt::format("one of {}, optionally followed by :KEY=VALUE[,KEY=VALUE...] (spillway policies)",
+  return fmt::format("one of {}, optionally followed by :KEY=VALUE[,KEY=VALUE...] (spillway policies), or a policy "
+                     "plugin's path (PATH[:PARAMS], holding a '/')",
                      fmt::join(policy_names, ", "));
 }
 
