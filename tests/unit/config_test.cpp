@@ -214,6 +214,12 @@ TEST(Config, SetOptionUnknownVariable) {
   EXPECT_NE(err.find("SPILLWAY_NOPE"), std::string::npos);
   EXPECT_EQ(set_option(c, "SPILLWAY_POLICY", "ADVISE", policy_names()), "") << "names are case-insensitive";
   EXPECT_EQ(c.policy, "advise");
+  // A path (a '/' before any ':') names a policy plugin: kept as written, checked where the
+  // policy is made (it is loaded there).
+  EXPECT_EQ(set_option(c, "SPILLWAY_POLICY", " ./Plugins/libMine.so:Depth=2 ", policy_names()), "");
+  EXPECT_EQ(c.policy, "./Plugins/libMine.so:Depth=2");
+  EXPECT_EQ(set_option(c, "SPILLWAY_POLICY", "Learned:Path=/x", policy_names()), "");
+  EXPECT_EQ(c.policy, "learned:path=/x") << "a '/' after the ':' makes no path: the built-in name, lowered";
 }
 
 }  // namespace
