@@ -26,6 +26,7 @@
 #include "trace_command.h"
 #include "parse_errors.h"
 #include "policies_command.h"
+#include "policy_plugin_loader.h"
 #include "sim_commands.h"
 #include "policy_registry.h"
 
@@ -147,6 +148,17 @@ class SettingOptions {
   bool disable_ = false;
 };
 
+// A policy plugin's path made absolute (the program may change its folder before it first
+// calls CUDA, when the shim loads the plugin); any other spec as it is.
+std::string absolute_policy(const std::string& spec) {
+  if (!spillway::is_plugin_spec(spec)) return spec;
+  auto [path, params] = spillway::split_plugin_spec(spec);
+  std::error_code ec;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+  if (ec) return spec;
+  return absolute.string() + (params.empty() ? "" : ":" + params);
+}
+
 int run(const std::vector<std::pair<std::string, std::string>>& settings, const std::vector<std::string>& command) {
   spillway::Config config;
   for (const auto& [variable, value] : settings) {
@@ -160,7 +172,8 @@ int run(const std::vector<std::pair<std::string, std::string>>& settings, const 
   std::string shim = find_shim();
   if (shim.empty()) fail(2, "cannot find libspillway.so next to this program (looked in ../lib)");
 
-  for (const auto& [variable, value] : settings) {
+  for (const auto& [variable, given] : settings) {
+    const std::string value = variable == "SPILLWAY_POLICY" ? absolute_policy(given) : given;
     setenv(variable.c_str(), value.c_str(), 1);
     // The run's trace and report replace those of an earlier run. Each process of the run
     // creates its file exclusively (spillway/output_file.h): the first takes the name given.

@@ -110,6 +110,10 @@ void add_substitution(void* real_fn, void* hook) {
 
 thread_local int t_shim_depth = 0;
 thread_local int t_dlsym_depth = 0;
+// Set while this thread makes the process state (state()): code that runs then — a policy
+// plugin's static constructors and factory — finds the hooks inactive and reaches the driver
+// itself, instead of asking for the state it is being made for (which would wait for itself).
+thread_local bool t_making_state = false;
 thread_local std::optional<AllocKind> t_runtime_kind;
 thread_local bool t_driver_hook_ran = false;
 
@@ -131,9 +135,20 @@ std::once_flag g_state_once;
 // released atomic answers once it is made.)
 std::atomic<State*> g_state_ready{nullptr};
 
+// The policy `spec` names for one device's plan. A plugin's factory that accepted the spec
+// once may still make nothing later (it is the plugin's code): that plan then runs `demand`
+// (the driver's demand paging), with one warning, rather than no policy at all.
+std::unique_ptr<Policy> make_policy_or_demand(const PolicySpec& spec) {
+  std::unique_ptr<Policy> p = make_policy(spec);
+  if (p) return p;
+  SPILLWAY_LOG_ONCE(LogLevel::warn, "SPILLWAY_POLICY '{}' made no policy for a device; it runs demand", spec.text());
+  return make_policy("demand");
+}
+
 State& state() {
   if (State* s = g_state_ready.load(std::memory_order_acquire)) return *s;
   std::call_once(g_state_once, [] {
+    t_making_state = true;
     auto* s = new State();
     ConfigResult cr = read_config(policy_names());
     for (const ConfigError& err : cr.errors) {
@@ -144,7 +159,9 @@ State& state() {
     for (const std::string& warning : cr.warnings) log(LogLevel::warn, "{}", warning);
     s->active = cr.errors.empty() && !s->config.disable;
     std::string policy_error;
-    std::optional<PolicySpec> spec = parse_policy_spec(s->config.policy, false, &policy_error);
+    // (Parsed only when active: a disabled shim loads no policy plugin.)
+    std::optional<PolicySpec> spec;
+    if (s->active) spec = parse_policy_spec(s->config.policy, false, &policy_error);
     if (s->active && !spec) {
       log(LogLevel::error, "invalid value '{}' for SPILLWAY_POLICY: {}; Spillway passes every call through",
           s->config.policy, policy_error);
@@ -152,11 +169,12 @@ State& state() {
     }
     if (s->active) {
       // (One Policy instance per device's plan: engine.h, "One plan per device".)
-      s->engine = new Engine(s->config, s->backend, [spec = *spec] { return make_policy(spec); });
+      s->engine = new Engine(s->config, s->backend, [spec = *spec] { return make_policy_or_demand(spec); });
       if (s->engine != nullptr && !s->config.trace_path.empty()) install_trace_recorder(*s->engine, s->config.trace_path);
     }
     g_state = s;
     g_state_ready.store(s, std::memory_order_release);
+    t_making_state = false;
   });
   return *g_state;
 }
@@ -244,14 +262,12 @@ void* hook_for_name(const char* name) {
 }
 
 bool hooks_active() {
+  if (t_making_state) return false;
   State& s = state();
   return s.active && !s.failed.load(std::memory_order_relaxed) && t_shim_depth == 0;
 }
 
-Engine* engine() {
-  State& s = state();
-  return hooks_active() ? s.engine : nullptr;
-}
+Engine* engine() { return hooks_active() ? state().engine : nullptr; }
 
 Engine* engine_for_allocation() {
   Engine* e = engine();

@@ -6,13 +6,20 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "spillway/policy.h"
 
 namespace spillway {
 
-// Whether a spec's NAME (the text before its first ':') names a plugin: it holds a '/'.
-bool is_plugin_path(std::string_view name);
+// Whether a spec names a plugin: the text before its first ':' holds a '/'.
+bool is_plugin_spec(std::string_view spec);
+
+// A plugin spec split into (PATH, PARAMS): the whole spec when it names an existing file,
+// else at the first ':' before which the text names an existing file (a path may hold ':'),
+// else at the first ':' after the first '/' (no ':': PARAMS empty). White space around PATH
+// is dropped.
+std::pair<std::string, std::string> split_plugin_spec(std::string_view spec);
 
 // Loads the plugin at `path` (dlopen, RTLD_NOW | RTLD_LOCAL) if not loaded yet, checks its
 // ABI version and layout (kPolicyPluginAbi, policy_plugin_layout()), and makes an instance

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <functional>
+#include <tuple>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -228,16 +229,11 @@ const std::vector<Tunable>& policy_tunables(std::string_view name) {
 
 namespace {
 
-// A plugin's spec (is_plugin_path): loaded and tried once here.
+// A plugin's spec (is_plugin_spec): loaded and tried once here.
 std::optional<PolicySpec> parse_plugin_spec(std::string_view text, std::string* error) {
-  const std::size_t colon = text.find(':');
   PolicySpec spec;
   spec.plugin = true;
-  std::string_view path = text.substr(0, colon);
-  while (!path.empty() && std::isspace(static_cast<unsigned char>(path.front()))) path.remove_prefix(1);
-  while (!path.empty() && std::isspace(static_cast<unsigned char>(path.back()))) path.remove_suffix(1);
-  spec.name = std::string(path);
-  if (colon != std::string_view::npos) spec.plugin_params = std::string(text.substr(colon + 1));
+  std::tie(spec.name, spec.plugin_params) = split_plugin_spec(text);
   if (!make_plugin_policy(spec.name, spec.plugin_params, error)) return std::nullopt;
   return spec;
 }
@@ -246,7 +242,7 @@ std::optional<PolicySpec> parse_plugin_spec(std::string_view text, std::string* 
 
 std::optional<PolicySpec> parse_policy_spec(std::string_view text, bool simulator, std::string* error) {
   const std::size_t colon = text.find(':');
-  if (is_plugin_path(text.substr(0, colon))) return parse_plugin_spec(text, error);
+  if (is_plugin_spec(text)) return parse_plugin_spec(text, error);
   PolicySpec spec;
   spec.name = lower_trimmed(text.substr(0, colon));
   const Entry* e = find(spec.name);

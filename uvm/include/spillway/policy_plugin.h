@@ -7,8 +7,10 @@
 // ':', goes to the plugin's factory as it is.
 //
 // A plugin is built against this header and spillway/policy.h alone (`find_package(Spillway)`
-// gives the target Spillway::policy; examples/policy-plugin), and defines its three entry
-// points with SPILLWAY_POLICY_PLUGIN(make) below, `make` being
+// gives the target Spillway::policy; examples/policy-plugin) — their types and inline code:
+// it links nothing of Spillway's (`to_string(AllocKind)`, declared in spillway/types.h, lives
+// in Spillway's library and is not for plugins) — and defines its three entry points with
+// SPILLWAY_POLICY_PLUGIN(make) below, `make` being
 //   std::unique_ptr<spillway::Policy> make(std::string_view params, std::string* error);
 // which returns the policy, or nullptr with *error set to one line naming what is wrong in
 // `params` (the host then refuses the spec with that line: exit 2 in the command, and the shim
@@ -22,14 +24,22 @@
 //    the plugin's build and for Spillway's.
 // The host never unloads a plugin (its code outlives every Policy it made). Each device's
 // plan, and each simulated cell, gets an instance of its own, called by one thread at a time
-// (the Engine serialises a Policy's calls: spillway/policy.h). A callback must not throw:
-// the Engine has no handler for a plugin's exceptions. The plugin may use the C++ standard
-// library freely; it must not keep pointers into a Launch past the call.
+// (the Engine serialises a Policy's calls: spillway/policy.h); the factory itself is called
+// from several threads at once (`spillway sweep --jobs`), so it must be thread-safe. No
+// exception may leave the plugin — not from its static constructors, an entry point or a
+// callback: the host's C++ runtime may not be the plugin's (the wheel's command and shim
+// link theirs statically), and an exception crossing between two runtimes aborts the
+// process. SPILLWAY_POLICY_PLUGIN's factory catches inside the plugin what `make` throws
+// (the spec is then refused); the callbacks must catch their own. Under the
+// shim the plugin is loaded while the shim starts: CUDA calls made from its constructors or
+// factory reach the driver directly. The plugin may use the C++ standard library freely; it
+// must not keep pointers into a Launch past the call.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -50,7 +60,11 @@ inline std::uint64_t policy_plugin_layout() {
       offsetof(Access, block_end),
       sizeof(Launch), offsetof(Launch, seq), offsetof(Launch, name), offsetof(Launch, exec_id), offsetof(Launch, accesses),
       offsetof(Launch, dur_ns), offsetof(Launch, now_ns), offsetof(Launch, device), offsetof(Launch, writes_known),
-      sizeof(Block), sizeof(FaultRecord), sizeof(Policy), sizeof(std::string), sizeof(std::string_view),
+      sizeof(Block), offsetof(Block, base), offsetof(Block, bytes), offsetof(Block, id), offsetof(Block, kind),
+      offsetof(Block, stream), offsetof(Block, device), sizeof(FaultRecord), offsetof(FaultRecord, launch_seq),
+      offsetof(FaultRecord, addr), offsetof(FaultRecord, write), sizeof(Location), sizeof(Advice), sizeof(AllocKind),
+      sizeof(ChunkIndex), sizeof(Policy), sizeof(Actions), sizeof(VictimQuery), sizeof(std::function<bool(ChunkIndex)>),
+      sizeof(std::string), sizeof(std::string_view),
 #ifdef _GLIBCXX_USE_CXX11_ABI
       _GLIBCXX_USE_CXX11_ABI,
 #endif
