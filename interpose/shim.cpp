@@ -96,13 +96,23 @@ const Entry* find_entry(const char* name) {
 }
 
 // real function pointer -> hook, for every way a real pointer can reach the program.
-// Never destroyed, like the State below: lookups may run while exit() destroys statics.
-std::shared_mutex& g_subst_mutex = *new std::shared_mutex;
-std::vector<std::pair<void*, void*>>& g_subst = *new std::vector<std::pair<void*, void*>>;  // sorted by first
+// Never destroyed, like the State below: lookups may run while exit() destroys statics. Made
+// on first use, not by a global's initialiser: the first use may come before this file's
+// globals are initialised (load_settings() runs state(), where a policy plugin's factory may
+// call a hooked driver function, which resolves the driver here).
+std::shared_mutex& subst_mutex() {
+  static std::shared_mutex* m = new std::shared_mutex;
+  return *m;
+}
+std::vector<std::pair<void*, void*>>& substitutions() {  // sorted by first
+  static auto* v = new std::vector<std::pair<void*, void*>>;
+  return *v;
+}
 
 void add_substitution(void* real_fn, void* hook) {
   if (real_fn == nullptr || hook == nullptr || real_fn == hook) return;
-  std::unique_lock lock(g_subst_mutex);
+  std::vector<std::pair<void*, void*>>& g_subst = substitutions();
+  std::unique_lock lock(subst_mutex());
   auto it = std::lower_bound(g_subst.begin(), g_subst.end(), std::make_pair(real_fn, static_cast<void*>(nullptr)));
   if (it != g_subst.end() && it->first == real_fn) return;
   g_subst.insert(it, {real_fn, hook});
@@ -250,7 +260,8 @@ bool ensure_runtime() {
 
 void* substitute(void* fn) {
   if (fn == nullptr) return fn;
-  std::shared_lock lock(g_subst_mutex);
+  const std::vector<std::pair<void*, void*>>& g_subst = substitutions();
+  std::shared_lock lock(subst_mutex());
   auto it = std::lower_bound(g_subst.begin(), g_subst.end(), std::make_pair(fn, static_cast<void*>(nullptr)));
   if (it != g_subst.end() && it->first == fn) return it->second;
   return fn;
