@@ -220,21 +220,24 @@ LaunchOrderScope::~LaunchOrderScope() { t_order = nullptr; }
 
 namespace {
 
+// A CUDA 13.0 entry point of the driver, through its own cuGetProcAddress; null where the
+// driver has none. (The shim does not hook these: it only calls them.)
+void* driver_entry_13(const char* name) {
+  void* p = nullptr;
+  CUdriverProcAddressQueryResult status{};
+  if (real().cuGetProcAddress_v2 == nullptr ||
+      real().cuGetProcAddress_v2(name, &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
+      status != CU_GET_PROC_ADDRESS_SUCCESS) {
+    return nullptr;
+  }
+  return p;
+}
+
 using DiscardBatchFn = CUresult (*)(CUdeviceptr*, size_t*, size_t, unsigned long long, CUstream);
 
-// cuMemDiscardBatchAsync (CUDA 13.0), resolved once through the driver's own cuGetProcAddress;
-// null where the driver has none.
+// cuMemDiscardBatchAsync (CUDA 13.0), resolved once.
 DiscardBatchFn discard_batch() {
-  static const DiscardBatchFn fn = [] {
-    void* p = nullptr;
-    CUdriverProcAddressQueryResult status{};
-    if (real().cuGetProcAddress_v2 == nullptr ||
-        real().cuGetProcAddress_v2("cuMemDiscardBatchAsync", &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
-        status != CU_GET_PROC_ADDRESS_SUCCESS) {
-      return static_cast<DiscardBatchFn>(nullptr);
-    }
-    return reinterpret_cast<DiscardBatchFn>(p);
-  }();
+  static const auto fn = reinterpret_cast<DiscardBatchFn>(driver_entry_13("cuMemDiscardBatchAsync"));
   return fn;
 }
 
@@ -430,19 +433,9 @@ namespace {
 using PrefetchBatchFn = CUresult (*)(CUdeviceptr*, size_t*, size_t, CUmemLocation*, size_t*, size_t, unsigned long long,
                                      CUstream);
 
-// cuMemPrefetchBatchAsync (CUDA 13.0), resolved once through the driver's own
-// cuGetProcAddress; null where the driver has none.
+// cuMemPrefetchBatchAsync (CUDA 13.0), resolved once (driver_entry_13).
 PrefetchBatchFn prefetch_batch_entry() {
-  static const PrefetchBatchFn fn = [] {
-    void* p = nullptr;
-    CUdriverProcAddressQueryResult status{};
-    if (real().cuGetProcAddress_v2 == nullptr ||
-        real().cuGetProcAddress_v2("cuMemPrefetchBatchAsync", &p, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS ||
-        status != CU_GET_PROC_ADDRESS_SUCCESS) {
-      return static_cast<PrefetchBatchFn>(nullptr);
-    }
-    return reinterpret_cast<PrefetchBatchFn>(p);
-  }();
+  static const auto fn = reinterpret_cast<PrefetchBatchFn>(driver_entry_13("cuMemPrefetchBatchAsync"));
   return fn;
 }
 

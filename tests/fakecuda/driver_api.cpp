@@ -164,8 +164,8 @@ void drop_pages(CUdeviceptr p, size_t n) {
   std::memset(at, 0, n);
 }
 
-CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream stream) {
-  c.dec("count", count).dec("flags", flags);
+// A batch call's first ranges in its log line: d0= n0= ... (at most 8).
+void log_ranges(Call& c, const CUdeviceptr* dptrs, const size_t* sizes, size_t count) {
   for (size_t i = 0; i < count && i < 8 && dptrs && sizes; ++i) {
     char key[16];
     std::snprintf(key, sizeof key, "d%zu", i);
@@ -173,6 +173,11 @@ CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count,
     std::snprintf(key, sizeof key, "n%zu", i);
     c.dec(key, sizes[i]);
   }
+}
+
+CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count, unsigned long long flags, CUstream stream) {
+  c.dec("count", count).dec("flags", flags);
+  log_ranges(c, dptrs, sizes, count);
   c.stream(stream);
   FC_CHECK(c);
   if (stream == nullptr || stream == CU_STREAM_LEGACY) return CUDA_ERROR_INVALID_VALUE;
@@ -198,13 +203,7 @@ CUresult discard_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count,
 CUresult prefetch_batch(Call& c, CUdeviceptr* dptrs, size_t* sizes, size_t count, CUmemLocation* locs, size_t* loc_idxs,
                         size_t num_locs, unsigned long long flags, CUstream stream) {
   c.dec("count", count).dec("locs", num_locs).dec("flags", flags);
-  for (size_t i = 0; i < count && i < 8 && dptrs && sizes; ++i) {
-    char key[16];
-    std::snprintf(key, sizeof key, "d%zu", i);
-    c.hex(key, dptrs[i]);
-    std::snprintf(key, sizeof key, "n%zu", i);
-    c.dec(key, sizes[i]);
-  }
+  log_ranges(c, dptrs, sizes, count);
   if (locs && num_locs > 0) c.sdec("loc_type", locs[0].type).sdec("loc_id", locs[0].id);
   c.stream(stream);
   FC_CHECK(c);

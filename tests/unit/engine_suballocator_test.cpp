@@ -491,6 +491,21 @@ TEST(EngineSubAllocator, ALaunchsFetchesGoInOneBatchAfterItsEvictions) {
   EXPECT_EQ(s.h2d_calls.calls(), 40u) << "a batch's ranges count as calls";
 }
 
+// Allocates x.size() blocks of `bytes` (40 MiB: one to a 64 MiB range, so no two share a
+// move call) into `x`, then one launch using them all, in that order.
+bool allocate_and_launch_all(Engine& e, std::uint64_t bytes, std::vector<std::uint64_t>& x) {
+  std::vector<Access> accesses;
+  for (std::uint64_t& p : x) {
+    if (!e.allocate(bytes, AllocKind::alloc, 0, &p).ok()) return false;
+    accesses.push_back({p, bytes, false});
+  }
+  Launch l;
+  l.name = "k";
+  l.accesses = accesses;
+  e.launch(l);
+  return true;
+}
+
 // A batch the Backend refuses as a whole: its ranges go one by one, in order, and the refusal
 // counts as one refused call.
 TEST(EngineSubAllocator, ARefusedBatchsRangesGoOneByOne) {
@@ -499,15 +514,7 @@ TEST(EngineSubAllocator, ARefusedBatchsRangesGoOneByOne) {
   auto e = make_engine(b, 1ull << 40, std::make_unique<FootprintOnly>());
   constexpr std::uint64_t kBlock = 40ull << 20;
   std::vector<std::uint64_t> x(3);
-  std::vector<Access> accesses;
-  for (std::uint64_t& p : x) {
-    ASSERT_TRUE(e->allocate(kBlock, AllocKind::alloc, 0, &p).ok());
-    accesses.push_back({p, kBlock, false});
-  }
-  Launch l;
-  l.name = "k";
-  l.accesses = accesses;
-  e->launch(l);
+  ASSERT_TRUE(allocate_and_launch_all(*e, kBlock, x));
   ASSERT_EQ(b.calls.size(), 4u);
   EXPECT_EQ(b.calls[0].batch, ~std::size_t{0}) << "the refused batch";
   ASSERT_EQ(b.prefetches.size(), 3u);
@@ -527,15 +534,7 @@ TEST(EngineSubAllocator, MoreFetchesThanABatchHoldsGoInFullBatchesThenTheRest) {
   auto e = make_engine(b, 1ull << 40, std::make_unique<FootprintOnly>());
   constexpr std::uint64_t kBlock = 40ull << 20;
   std::vector<std::uint64_t> x(Engine::kMaxFetchBatch + 8);
-  std::vector<Access> accesses;
-  for (std::uint64_t& p : x) {
-    ASSERT_TRUE(e->allocate(kBlock, AllocKind::alloc, 0, &p).ok());
-    accesses.push_back({p, kBlock, false});
-  }
-  Launch l;
-  l.name = "k";
-  l.accesses = accesses;
-  e->launch(l);
+  ASSERT_TRUE(allocate_and_launch_all(*e, kBlock, x));
   ASSERT_EQ(b.calls.size(), 2u);
   EXPECT_EQ(b.calls[0].batch, Engine::kMaxFetchBatch);
   EXPECT_EQ(b.calls[1].batch, 8u);
